@@ -1,0 +1,28 @@
+"""tome_core: Token Merging for Stable Diffusion, portable across diffusers, the WebUI and ComfyUI.
+
+Imports torch and itself only; hosts are recognised by duck typing. Start with ``apply_patch``.
+"""
+from .config import ToMeConfig
+from .levels import attention_base_downsample, grid_for_tokens
+from .merge import bipartite_soft_matching, kv_pool_window, make_partition, pool_tokens
+from .patch import apply_patch, is_patched, patch_config, remove_patch
+from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "IDENTITY_PLAN",
+    "ToMeConfig",
+    "TokenMerger",
+    "TokenPlan",
+    "apply_patch",
+    "attention_base_downsample",
+    "bipartite_soft_matching",
+    "grid_for_tokens",
+    "is_patched",
+    "kv_pool_window",
+    "make_partition",
+    "patch_config",
+    "pool_tokens",
+    "remove_patch",
+]

@@ -1,0 +1,108 @@
+"""The validated settings of one ToMe patch.
+
+Every host (diffusers, the WebUI, ComfyUI) builds a ``ToMeConfig``; validation happens here, at the
+boundary, so a bad value fails with a message that names the fix instead of deep in a sampler.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+MODES = ("merge", "kv")
+MAX_DOWNSAMPLES = (1, 2, 4, 8)
+
+
+def _require_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"ToMe: {name} must be an int >= {minimum}, got {value!r} ({type(value).__name__}).")
+    if value < minimum:
+        raise ValueError(f"ToMe: {name} must be an int >= {minimum}, got {value}.")
+
+
+def _require_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"ToMe: {name} must be True or False, got {value!r} ({type(value).__name__}).")
+
+
+def _require_real(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"ToMe: {name} must be a finite number, got {value!r}.")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ToMeConfig:
+    """Settings of a ToMe patch; names, defaults and meaning follow ``tomesd.apply_patch``.
+
+    ratio: fraction of tokens removed at each patched block (0.3-0.5 recommended; 0 = off).
+    max_downsample: deepest UNet level patched, counted from the first level that has attention
+        (1 = only that level; SD1/SD2: 1x latent resolution, SDXL: 2x downsampled).
+    sx, sy: size of the cell that holds one destination token (2, 2 recommended).
+    use_rand: pick the destination inside each cell at random (seeded by ``seed`` and the step).
+    merge_attn / merge_crossattn / merge_mlp: where tokens are merged (self-attention only is best);
+        mode "kv" acts on self-attention only (merge_attn).
+    mode: "merge" (tomesd's merge/unmerge) or "kv" (keep every query, pool keys and values).
+    seed: seed of the partition's dedicated generator; the global RNG is never touched.
+    start_percent, end_percent: the part of the sampling schedule (0 = first step, 1 = last)
+        where ToMe is active.
+    min_tokens: levels with fewer tokens than this are left alone (merging cannot pay there).
+    """
+
+    ratio: float = 0.5
+    max_downsample: int = 1
+    sx: int = 2
+    sy: int = 2
+    use_rand: bool = True
+    merge_attn: bool = True
+    merge_crossattn: bool = False
+    merge_mlp: bool = False
+    mode: str = "merge"
+    seed: int = 0
+    start_percent: float = 0.0
+    end_percent: float = 1.0
+    min_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        _require_int("sx", self.sx, 1)
+        _require_int("sy", self.sy, 1)
+        ratio = _require_real("ratio", self.ratio)
+        limit = 1.0 - 1.0 / (self.sx * self.sy)
+        if not 0.0 <= ratio < 1.0:
+            raise ValueError(f"ToMe: ratio must be in [0, 1), got {ratio}; use e.g. 0.5 (0 turns ToMe off).")
+        if ratio > limit:
+            raise ValueError(
+                f"ToMe: ratio {ratio} is above the mergeable fraction 1 - 1/(sx*sy) = {limit:.4g} "
+                f"for sx={self.sx}, sy={self.sy}; lower the ratio or raise sx/sy."
+            )
+        if isinstance(self.max_downsample, bool) or self.max_downsample not in MAX_DOWNSAMPLES:
+            raise ValueError(f"ToMe: max_downsample must be one of {MAX_DOWNSAMPLES}, got {self.max_downsample!r}.")
+        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp"):
+            _require_bool(name, getattr(self, name))
+        if self.mode not in MODES:
+            raise ValueError(f"ToMe: mode must be one of {MODES}, got {self.mode!r}.")
+        if self.mode == "kv" and (self.merge_crossattn or self.merge_mlp):
+            raise ValueError(
+                "ToMe: mode='kv' only pools self-attention keys/values; set merge_crossattn=False and "
+                "merge_mlp=False, or use mode='merge'."
+            )
+        _require_int("seed", self.seed, 0)
+        _require_int("min_tokens", self.min_tokens, 0)
+        start = _require_real("start_percent", self.start_percent)
+        end = _require_real("end_percent", self.end_percent)
+        if not 0.0 <= start <= end <= 1.0:
+            raise ValueError(
+                f"ToMe: need 0 <= start_percent <= end_percent <= 1, got start_percent={start}, "
+                f"end_percent={end}; e.g. start_percent=0.0, end_percent=1.0 for the whole schedule."
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this config changes anything at all (ratio 0 is the identity)."""
+        return self.ratio > 0 and (self.merge_attn or self.merge_crossattn or self.merge_mlp)
+
+    def in_schedule(self, progress: float | None) -> bool:
+        """progress: 0 at the first (noisiest) step, 1 at the last; None means unknown (always on)."""
+        return progress is None or self.start_percent <= progress <= self.end_percent
+
+    def as_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,155 @@
+"""Installing ToMe on a UNet with PyTorch's own forward hooks (no class swaps, no copied forwards).
+
+The UNet's pre-hook records the latent size and the step; each transformer block's pre-hook makes
+the block's ``TokenPlan`` from its input (the metric tomesd uses); pre-/post-hooks on attn1, attn2
+and ff merge their input and unmerge their output. Every handle is kept in the ``PatchState`` on
+the UNet, so removal mirrors installation exactly.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from .config import ToMeConfig
+from .levels import attention_base_downsample, transformer_blocks
+from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
+
+STATE_ATTR = "_tome_core"
+_TRAIN_TIMESTEPS = 1000  # SD1.x/SD2.x/SDXL are all trained on 1000 DDPM timesteps
+_HIDDEN_NAMES = ("hidden_states", "x")
+
+
+@dataclass
+class PatchState:
+    """Everything a patch adds to one UNet; lives at ``unet._tome_core`` until removal."""
+
+    config: ToMeConfig
+    merger: TokenMerger
+    handles: List[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
+    num_blocks: int = 0
+    latent_hw: Optional[Tuple[int, int]] = None
+    step_key: float = 0.0
+    progress: Optional[float] = None
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def step_of(timestep: Any) -> Tuple[float, Optional[float]]:
+    """(step_key, progress) from a UNet's timestep argument; progress 0 = first, noisiest step."""
+    if timestep is None:
+        return 0.0, None
+    if isinstance(timestep, torch.Tensor):
+        if timestep.numel() == 0:
+            return 0.0, None
+        timestep = timestep.reshape(-1)[0].item()
+    key = float(timestep)
+    return key, min(max(1.0 - key / _TRAIN_TIMESTEPS, 0.0), 1.0)
+
+
+def _first_input(args: tuple, kwargs: dict) -> Tuple[Optional[str], torch.Tensor]:
+    if args:
+        return None, args[0]
+    for name in _HIDDEN_NAMES:
+        if name in kwargs:
+            return name, kwargs[name]
+    raise TypeError(f"ToMe: cannot find the hidden states among {sorted(kwargs)}.")
+
+
+def _replace_first_input(args: tuple, kwargs: dict, name: Optional[str], value: torch.Tensor):
+    if name is None:
+        return (value,) + tuple(args[1:]), kwargs
+    kwargs[name] = value
+    return args, kwargs
+
+
+def _context_argument(attention: torch.nn.Module) -> str:
+    """The keyword that feeds an attention module its keys/values: diffusers vs ldm/sgm naming."""
+    parameters = inspect.signature(attention.forward).parameters
+    return "encoder_hidden_states" if "encoder_hidden_states" in parameters else "context"
+
+
+def _hook_block(block: torch.nn.Module, state: PatchState) -> None:
+    config = state.config
+    current: List[TokenPlan] = [IDENTITY_PLAN]  # the plan of this block's running forward
+
+    def make_plan(module, args, kwargs):
+        if state.latent_hw is None:  # called outside the UNet's forward: nothing to go by
+            current[0] = IDENTITY_PLAN
+            return None
+        if config.merge_mlp and getattr(module, "_chunk_size", None):
+            raise RuntimeError("ToMe: merge_mlp cannot be combined with diffusers' feed-forward chunking; "
+                               "call unet.disable_forward_chunking() or use merge_mlp=False.")
+        _, hidden = _first_input(args, kwargs)
+        current[0] = state.merger.plan(hidden, state.latent_hw, state.step_key, state.progress)
+        return None
+
+    def merge_input(module, args, kwargs):
+        plan = current[0]
+        if not plan.active:
+            return None
+        name, hidden = _first_input(args, kwargs)
+        return _replace_first_input(args, kwargs, name, plan.merge(hidden))
+
+    def unmerge_output(module, args, output):
+        plan = current[0]
+        return plan.unmerge(output) if plan.active else None
+
+    state.handles.append(block.register_forward_pre_hook(make_plan, with_kwargs=True))
+    if config.mode == "kv":
+        if config.merge_attn:
+            _hook_kv(block.attn1, current, state)
+        return
+    for enabled, name in ((config.merge_attn, "attn1"), (config.merge_crossattn, "attn2"), (config.merge_mlp, "ff")):
+        module = getattr(block, name, None)
+        if enabled and module is not None:
+            state.handles.append(module.register_forward_pre_hook(merge_input, with_kwargs=True))
+            state.handles.append(module.register_forward_hook(unmerge_output))
+
+
+def _hook_kv(attention: torch.nn.Module, current: List[TokenPlan], state: PatchState) -> None:
+    context_name = _context_argument(attention)
+
+    def pool_keys_values(module, args, kwargs):
+        plan = current[0]
+        # Only plain self-attention: attn1 that already attends to a context (diffusers'
+        # only_cross_attention, LDM's disable_self_attn) is left alone.
+        if not plan.active or kwargs.get(context_name) is not None or (len(args) > 1 and args[1] is not None):
+            return None
+        _, hidden = _first_input(args, kwargs)
+        kwargs[context_name] = plan.reduce_kv(hidden)
+        return args[:1], kwargs
+
+    state.handles.append(attention.register_forward_pre_hook(pool_keys_values, with_kwargs=True))
+
+
+def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
+    """Hook every transformer block of ``unet``; raises TypeError (and hooks nothing) if it has none."""
+    state = PatchState(config=config, merger=TokenMerger(config, attention_base_downsample(unet)))
+    blocks = transformer_blocks(unet)
+
+    def record_step(module, args, kwargs):
+        sample = args[0] if args else kwargs.get("sample", kwargs.get("x"))
+        timestep = args[1] if len(args) > 1 else next(
+            (kwargs[k] for k in ("timestep", "timesteps", "t") if k in kwargs), None)
+        state.latent_hw = (int(sample.shape[-2]), int(sample.shape[-1]))
+        state.step_key, state.progress = step_of(timestep)
+        return None
+
+    state.handles.append(unet.register_forward_pre_hook(record_step, with_kwargs=True))
+    for block in blocks:
+        _hook_block(block, state)
+    state.num_blocks = len(blocks)
+    setattr(unet, STATE_ATTR, state)
+    return state
+
+
+def uninstall(unet: torch.nn.Module) -> None:
+    state = unet.__dict__.pop(STATE_ATTR, None)
+    if state is not None:
+        state.remove()

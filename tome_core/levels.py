@@ -1,0 +1,71 @@
+"""Where a block sits in the UNet: its token grid and its depth, found without importing any host.
+
+Depth rule: ``max_downsample`` counts from the first UNet level that has attention. SD1.x/SD2.x
+have attention at full latent resolution, so their first attention level is 1x (tomesd's
+meaning exactly); SDXL's first attention level is 2x downsampled, so at the defaults ToMe merges
+there instead of doing nothing as tomesd does.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional, Tuple
+
+import torch
+
+TRANSFORMER_BLOCK = "BasicTransformerBlock"
+
+
+def is_transformer_block(module: torch.nn.Module) -> bool:
+    """diffusers, ldm, sgm and ComfyUI all name the block that holds attn1/attn2/ff this way."""
+    return type(module).__name__ == TRANSFORMER_BLOCK
+
+
+def transformer_blocks(module: torch.nn.Module) -> list:
+    return [m for m in module.modules() if is_transformer_block(m)]
+
+
+def grid_for_tokens(n_tokens: int, latent_h: int, latent_w: int) -> Optional[Tuple[int, int, int]]:
+    """(downsample, h, w) of a level with n_tokens tokens for a latent of latent_h x latent_w.
+
+    UNets halve each side per level, rounding up (stride-2 conv with padding 1) or down (pooling),
+    so sizes not divisible by 8 are found exactly; None when no power-of-two level matches.
+    """
+    downsample = 1
+    while downsample <= 2 * max(latent_h, latent_w):
+        for rounding in (math.ceil, math.floor):
+            h, w = rounding(latent_h / downsample), rounding(latent_w / downsample)
+            if h * w == n_tokens:
+                return downsample, h, w
+        downsample *= 2
+    return None
+
+
+def _has_downsampler(module: torch.nn.Module) -> bool:
+    return any("Downsample" in type(m).__name__ for m in module.modules())
+
+
+def _levels_in_order(unet: torch.nn.Module) -> Iterable[torch.nn.Module]:
+    if hasattr(unet, "down_blocks"):  # diffusers UNet2DConditionModel / ControlNetModel
+        return list(unet.down_blocks) + [unet.mid_block]
+    if hasattr(unet, "input_blocks"):  # ldm / sgm / ComfyUI openaimodel
+        return list(unet.input_blocks) + [unet.middle_block]
+    raise TypeError(
+        f"ToMe: {type(unet).__name__} is not a UNet (expected diffusers down_blocks or LDM input_blocks); "
+        "ToMe supports SD1.x, SD2.x and SDXL UNets and their ControlNets."
+    )
+
+
+def attention_base_downsample(unet: torch.nn.Module) -> int:
+    """Latent downsampling of the first UNet level with a transformer block (SD1/2: 1, SDXL: 2)."""
+    downsample = 1
+    for block in _levels_in_order(unet):
+        if block is None:
+            continue
+        if transformer_blocks(block):
+            return downsample
+        if _has_downsampler(block):
+            downsample *= 2
+    raise TypeError(
+        f"ToMe: {type(unet).__name__} has no transformer blocks ({TRANSFORMER_BLOCK}) in its down path or "
+        "middle: there is no attention to merge. Supported: SD1.x, SD2.x and SDXL UNets and their ControlNets."
+    )

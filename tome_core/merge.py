@@ -1,0 +1,134 @@
+"""Token merging as pure tensor functions (no hooks, no host, no global state).
+
+Bipartite soft matching on a strided 2-D partition ("Token Merging for Fast Stable Diffusion",
+arXiv 2303.17604): one destination token per sx*sy cell, every other token is a source; the r
+sources most similar (cosine) to their best destination are averaged into it. ``merge`` shrinks
+[B, N, C] to [B, N - r, C]; ``unmerge`` copies each merged token back to every position it absorbed.
+
+The maths equals tomesd 0.1.3's; the bookkeeping is cheaper: the partition is computed once per
+grid and step (``make_partition``) and shared by every block and batch row, the r best edges are
+picked with ``topk`` instead of a full sort, merging is one ``scatter_add_`` and unmerging one
+``index_select``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
+
+import torch
+
+TokenFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def do_nothing(x: torch.Tensor) -> torch.Tensor:
+    """The identity, so an inactive plan runs the same call sites with nothing to do."""
+    return x
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Destination/source split of an h*w token grid (raster order), shared across a batch.
+
+    dst_idx: [Nd] token indices of the destinations (one per full sx*sy cell).
+    src_idx: [Ns] the remaining token indices, including the ragged right/bottom border.
+    """
+
+    dst_idx: torch.Tensor
+    src_idx: torch.Tensor
+
+    @property
+    def num_dst(self) -> int:
+        return self.dst_idx.numel()
+
+
+def make_partition(h: int, w: int, sx: int, sy: int, cell_choice: Optional[torch.Tensor] = None,
+                   device: torch.device | str = "cpu") -> Partition:
+    """Pick one destination per full sx*sy cell of an h*w grid.
+
+    cell_choice: [h // sy, w // sx] integers in [0, sx*sy) choosing the cell's destination in
+        row-major order inside the cell; None picks the top-left token (tomesd's use_rand=False).
+    Tokens of a partial cell at the right or bottom border are all sources, as in tomesd.
+    """
+    hsy, wsx = h // sy, w // sx
+    if cell_choice is None:
+        cell_choice = torch.zeros(hsy, wsx, dtype=torch.long)
+    cell_choice = cell_choice.to("cpu", torch.long)
+    rows = torch.arange(hsy).view(-1, 1) * sy + cell_choice // sx
+    cols = torch.arange(wsx).view(1, -1) * sx + cell_choice % sx
+    is_dst = torch.zeros(h * w, dtype=torch.bool)
+    is_dst[(rows * w + cols).flatten()] = True
+    return Partition(dst_idx=is_dst.nonzero().flatten().to(device), src_idx=(~is_dst).nonzero().flatten().to(device))
+
+
+def bipartite_soft_matching(metric: torch.Tensor, partition: Partition, r: int) -> Tuple[TokenFn, TokenFn]:
+    """Match sources to destinations on ``metric`` and return (merge, unmerge) closures.
+
+    metric: [B, N, C] tokens whose cosine similarity decides the matching (the block input).
+    r: number of tokens to remove; clipped to the number of sources; r <= 0 gives the identity.
+    merge: [B, N, C'] -> [B, N - r, C'] (destinations first, then unmerged sources);
+    unmerge: [B, N - r, C'] -> [B, N, C'].
+    """
+    batch, n_tokens, _ = metric.shape
+    num_dst = partition.num_dst
+    num_src = n_tokens - num_dst
+    r = min(r, num_src)
+    if r <= 0:
+        return do_nothing, do_nothing
+
+    with torch.no_grad():
+        metric = metric / metric.norm(dim=-1, keepdim=True)
+        src = metric.index_select(1, partition.src_idx)
+        dst = metric.index_select(1, partition.dst_idx)
+        node_max, node_idx = (src @ dst.transpose(-1, -2)).max(dim=-1)  # [B, Ns]
+        merged = node_max.topk(r, dim=-1, sorted=False).indices  # [B, r], local source indices
+
+        is_merged = torch.zeros(batch, num_src, dtype=torch.bool, device=metric.device)
+        is_merged.scatter_(1, merged, True)
+        unmerged_rank = (~is_merged).cumsum(dim=1) - 1
+        src_slot = torch.where(is_merged, node_idx, num_dst + unmerged_rank)
+
+        # slot[b, t]: where token t lives in the merged sequence [destinations | unmerged sources].
+        num_out = n_tokens - r
+        slot = torch.empty(batch, n_tokens, dtype=torch.long, device=metric.device)
+        slot[:, partition.dst_idx] = torch.arange(num_dst, device=metric.device)
+        slot[:, partition.src_idx] = src_slot
+        flat_slot = (slot + torch.arange(batch, device=metric.device).view(-1, 1) * num_out).flatten()
+        counts = torch.bincount(flat_slot, minlength=batch * num_out).unsqueeze(-1)
+        scatter_index = flat_slot.unsqueeze(-1)
+
+    def merge(x: torch.Tensor) -> torch.Tensor:
+        # scatter_add_ rather than index_add_: the latter is an order of magnitude slower on CPU.
+        channels = x.shape[-1]
+        out = torch.zeros(batch * num_out, channels, dtype=x.dtype, device=x.device)
+        out.scatter_add_(0, scatter_index.expand(-1, channels), x.reshape(batch * n_tokens, channels))
+        return (out / counts.to(x.dtype)).view(batch, num_out, channels)
+
+    def unmerge(x: torch.Tensor) -> torch.Tensor:
+        channels = x.shape[-1]
+        return x.reshape(batch * num_out, channels).index_select(0, flat_slot).view(batch, n_tokens, channels)
+
+    return merge, unmerge
+
+
+def kv_pool_window(ratio: float, sx: int, sy: int) -> Tuple[int, int]:
+    """The (py, px) pooling window for keys/values that removes at most ``ratio`` of them.
+
+    Picks the largest window area <= 1 / (1 - ratio) within sy x sx, preferring square windows:
+    ratio 0.5 -> (1, 2) (half the keys), 0.75 -> (2, 2) (a quarter), below 0.5 -> (1, 1) (off).
+    """
+    budget = 1.0 / (1.0 - ratio) + 1e-9
+    windows = [(py, px) for py in range(1, sy + 1) for px in range(1, sx + 1) if py * px <= budget]
+    return max(windows, key=lambda pw: (pw[0] * pw[1], -abs(pw[0] - pw[1]), pw[1]))
+
+
+def pool_tokens(x: torch.Tensor, h: int, w: int, window: Tuple[int, int]) -> torch.Tensor:
+    """Average x: [B, h*w, C] over (py, px) windows of its token grid -> [B, ceil(h/py)*ceil(w/px), C].
+
+    Partial windows at the border average only the tokens they cover (ceil_mode, no padding).
+    """
+    if window == (1, 1):
+        return x
+    batch, _, channels = x.shape
+    grid = x.transpose(1, 2).reshape(batch, channels, h, w)
+    pooled = torch.nn.functional.avg_pool2d(grid, kernel_size=window, stride=window, ceil_mode=True)
+    return pooled.flatten(2).transpose(1, 2)

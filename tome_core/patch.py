@@ -1,0 +1,68 @@
+"""The public, tomesd-compatible API: ``apply_patch`` / ``remove_patch`` for diffusers and LDM models."""
+from __future__ import annotations
+
+from typing import TypeVar
+
+from .config import ToMeConfig
+from .hooks import STATE_ATTR, install, uninstall
+from .levels import attention_base_downsample
+from .targets import find_unets, patched_modules
+
+Model = TypeVar("Model")
+
+
+def apply_patch(
+    model: Model,
+    ratio: float = 0.5,
+    max_downsample: int = 1,
+    sx: int = 2,
+    sy: int = 2,
+    use_rand: bool = True,
+    merge_attn: bool = True,
+    merge_crossattn: bool = False,
+    merge_mlp: bool = False,
+    *,
+    mode: str = "merge",
+    seed: int = 0,
+    start_percent: float = 0.0,
+    end_percent: float = 1.0,
+    min_tokens: int = 0,
+) -> Model:
+    """Patch ``model`` in place with ToMe and return it (a drop-in for ``tomesd.apply_patch``).
+
+    model: a diffusers pipeline (its UNet and any ControlNet are patched), a diffusers
+        UNet2DConditionModel / ControlNetModel, an LDM/SGM model with ``.model.diffusion_model``
+        (what the WebUI holds), or an LDM-style UNet.
+    The first nine arguments mean what they mean in tomesd (see ``ToMeConfig``), except that
+    ``max_downsample`` counts from the model's first attention level, so SDXL is merged too.
+    Applying again replaces the previous patch. Bad values raise before anything is patched.
+    """
+    config = ToMeConfig(
+        ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
+        merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, seed=seed,
+        start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens,
+    )
+    unets = find_unets(model)
+    for unet in unets:  # fail on any unsupported UNet before touching the first one
+        attention_base_downsample(unet)
+    remove_patch(model)
+    for unet in unets:
+        install(unet, config)
+    return model
+
+
+def remove_patch(model: Model) -> Model:
+    """Undo ``apply_patch`` exactly: every hook and the state attribute go; unpatched models pass through."""
+    for module in patched_modules(model, STATE_ATTR):
+        uninstall(module)
+    return model
+
+
+def is_patched(model: object) -> bool:
+    return bool(patched_modules(model, STATE_ATTR))
+
+
+def patch_config(model: object) -> "ToMeConfig | None":
+    """The config of the patch on ``model`` (its first patched UNet), or None."""
+    modules = patched_modules(model, STATE_ATTR)
+    return getattr(modules[0], STATE_ATTR).config if modules else None

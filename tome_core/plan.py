@@ -1,0 +1,103 @@
+"""Per-block token plans: what a transformer block merges, decided from its input and the step.
+
+``TokenMerger`` is the one piece every host drives. It lives on the patched object (a diffusers
+UNet's state, or a closure made per ComfyUI patch) and caches the partition of each level for the
+current step, so all blocks of a level and both halves of a CFG batch share it, and cond/uncond
+evaluated in separate calls at the same step draw the same partition.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .config import ToMeConfig
+from .levels import grid_for_tokens
+from .merge import Partition, TokenFn, bipartite_soft_matching, do_nothing, kv_pool_window, make_partition, pool_tokens
+
+log = logging.getLogger("tome_core")
+
+
+@dataclass(frozen=True)
+class TokenPlan:
+    """What one block does to its tokens; every function is the identity where ToMe is off.
+
+    merge: [B, N, C] -> [B, N', C] before attention; unmerge: back to [B, N, C] after it.
+    reduce_kv: [B, N, C] -> [B, N'', C], the pooled source of self-attention keys and values.
+    """
+
+    active: bool = False
+    merge: TokenFn = do_nothing
+    unmerge: TokenFn = do_nothing
+    reduce_kv: TokenFn = do_nothing
+
+
+IDENTITY_PLAN = TokenPlan()
+_MAX_CACHED_PARTITIONS = 32
+
+
+def partition_seed(seed: int, step_key: float, h: int, w: int) -> int:
+    """A 63-bit seed from the user's seed, the step and the grid: stable across processes."""
+    payload = struct.pack("<qdqq", seed, float(step_key), h, w)
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little") >> 1
+
+
+class TokenMerger:
+    """Turns a block's input into a ``TokenPlan`` according to one ``ToMeConfig``.
+
+    base_downsample: the latent downsampling of the model's first attention level (see levels.py).
+    """
+
+    def __init__(self, config: ToMeConfig, base_downsample: int = 1) -> None:
+        self.config = config
+        self.base_downsample = base_downsample
+        self._partitions: Dict[Tuple, Partition] = {}
+        self._warned_grid = False
+
+    def plan(self, hidden: torch.Tensor, latent_hw: Tuple[int, int], step_key: float = 0.0,
+             progress: Optional[float] = None) -> TokenPlan:
+        """hidden: [B, N, C] block input; latent_hw: the UNet input's (H, W); step_key: timestep or sigma."""
+        config = self.config
+        if not config.enabled or not config.in_schedule(progress):
+            return IDENTITY_PLAN
+        n_tokens = hidden.shape[1]
+        if n_tokens < config.min_tokens:
+            return IDENTITY_PLAN
+        grid = grid_for_tokens(n_tokens, int(latent_hw[0]), int(latent_hw[1]))
+        if grid is None:
+            if not self._warned_grid:
+                log.warning("ToMe: %d tokens match no level of a %sx%s latent; leaving such blocks unmerged "
+                            "(another patch reshaped the tokens?).", n_tokens, *latent_hw)
+                self._warned_grid = True
+            return IDENTITY_PLAN
+        downsample, h, w = grid
+        if downsample > config.max_downsample * self.base_downsample:
+            return IDENTITY_PLAN
+        if config.mode == "kv":
+            window = kv_pool_window(config.ratio, config.sx, config.sy)
+            if window == (1, 1):
+                return IDENTITY_PLAN
+            return TokenPlan(active=True, reduce_kv=lambda x: pool_tokens(x, h, w, window))
+        merge, unmerge = bipartite_soft_matching(
+            hidden, self._partition(h, w, step_key, hidden.device), int(n_tokens * config.ratio)
+        )
+        return TokenPlan(active=merge is not do_nothing, merge=merge, unmerge=unmerge)
+
+    def _partition(self, h: int, w: int, step_key: float, device: torch.device) -> Partition:
+        config = self.config
+        key = (h, w, float(step_key) if config.use_rand else None, str(device))
+        partition = self._partitions.get(key)
+        if partition is None:
+            cell_choice = None
+            if config.use_rand:
+                generator = torch.Generator().manual_seed(partition_seed(config.seed, step_key, h, w))
+                cell_choice = torch.randint(config.sx * config.sy, (h // config.sy, w // config.sx), generator=generator)
+            if len(self._partitions) >= _MAX_CACHED_PARTITIONS:
+                self._partitions.clear()
+            partition = make_partition(h, w, config.sx, config.sy, cell_choice, device)
+            self._partitions[key] = partition
+        return partition
