@@ -1,0 +1,46 @@
+"""Shared fixtures: real diffusers UNet architectures (reduced channels) with seeded weights."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tome_core.bench.models import build_unet, make_inputs
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+def unet_output(unet, inputs) -> torch.Tensor:
+    sample, timestep, context, added = inputs
+    with torch.inference_mode():
+        return unet(sample, timestep, context, added_cond_kwargs=added).sample
+
+
+def hook_count(module: torch.nn.Module) -> int:
+    return sum(
+        len(m._forward_pre_hooks) + len(m._forward_hooks) + len(m._forward_pre_hooks_with_kwargs)
+        for m in module.modules()
+    )
+
+
+@pytest.fixture(scope="session")
+def sd15_unet():
+    return build_unet("sd15", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def sdxl_unet():
+    return build_unet("sdxl", "tiny", seed=0)
+
+
+@pytest.fixture
+def sd15_inputs(sd15_unet):
+    """A CFG pair (uncond, cond) at 256x256 px: a 32x32 latent, 1024 tokens at the first level."""
+    return make_inputs(sd15_unet, "sd15", batch=2, height_px=256, width_px=256, seed=1)

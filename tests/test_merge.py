@@ -1,0 +1,79 @@
+"""The pure algorithm: partitions, matching, pooling and level grids, against hand-worked values."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tomesd.merge import bipartite_soft_matching_random2d as tomesd_matching
+
+from tome_core import bipartite_soft_matching, grid_for_tokens, kv_pool_window, make_partition, pool_tokens
+from tome_core.plan import partition_seed
+
+
+def test_partition_has_one_destination_per_full_cell_and_border_tokens_are_sources():
+    choice = torch.tensor([[0, 3], [1, 2]])  # 2x2 cells of a 5x5 grid (last row/column ragged)
+    part = make_partition(5, 5, 2, 2, choice)
+    # cell (0,0) pick 0 -> (0,0); (0,1) pick 3 -> (1,3); (1,0) pick 1 -> (2,1); (1,1) pick 2 -> (3,2)
+    assert part.dst_idx.tolist() == [0, 8, 11, 17]
+    assert sorted(part.src_idx.tolist() + part.dst_idx.tolist()) == list(range(25))
+
+
+def test_merge_averages_the_most_similar_pairs_and_unmerge_copies_back():
+    # 2x2 grid, one cell: token 0 is the destination; token 3 equals it up to scale, 1 and 2 point elsewhere.
+    x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.0, -1.0], [3.0, 0.0]]])
+    merge, unmerge = bipartite_soft_matching(x, make_partition(2, 2, 2, 2), r=1)
+    merged = merge(x)
+    assert merged.shape == (1, 3, 2)
+    assert torch.equal(merged[0, 0], torch.tensor([2.0, 0.0]))  # mean of tokens 0 and 3
+    restored = unmerge(merged)
+    assert torch.equal(restored[0, 3], torch.tensor([2.0, 0.0])) and torch.equal(restored[0, 1:3], x[0, 1:3])
+
+
+@pytest.mark.parametrize("hw", [(8, 8), (7, 9), (16, 12)])
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75])
+def test_matching_equals_tomesd_on_random_tokens(hw, ratio):
+    h, w = hw
+    x = torch.randn(2, h * w, 16, generator=torch.Generator().manual_seed(h * w))
+    r = int(h * w * ratio)
+    ref_merge, ref_unmerge = tomesd_matching(x, w, h, 2, 2, r, no_rand=True)
+    merge, unmerge = bipartite_soft_matching(x, make_partition(h, w, 2, 2), r)
+    assert merge(x).shape == ref_merge(x).shape
+    assert torch.allclose(unmerge(merge(x)), ref_unmerge(ref_merge(x)), atol=1e-6)
+
+
+def test_r_zero_is_the_identity_function():
+    x = torch.randn(1, 16, 4)
+    merge, unmerge = bipartite_soft_matching(x, make_partition(4, 4, 2, 2), r=0)
+    assert merge(x) is x and unmerge(x) is x
+
+
+@pytest.mark.parametrize(
+    "tokens,latent,expected",
+    [
+        (65 * 97, (65, 97), (1, 65, 97)),
+        (33 * 49, (65, 97), (2, 33, 49)),   # 520x776 px: stride-2 convs round up
+        (9 * 13, (65, 97), (8, 9, 13)),
+        (63 * 38, (125, 75), (2, 63, 38)),  # 1000x600 px
+        (32 * 32, (64, 64), (2, 32, 32)),
+        (7, (64, 64), None),
+    ],
+)
+def test_grid_for_tokens_finds_the_level(tokens, latent, expected):
+    assert grid_for_tokens(tokens, *latent) == expected
+
+
+def test_kv_window_never_removes_more_than_ratio():
+    assert [kv_pool_window(r, 2, 2) for r in (0.0, 0.3, 0.5, 0.7, 0.75)] == [(1, 1), (1, 1), (1, 2), (1, 2), (2, 2)]
+    assert kv_pool_window(0.85, 3, 3) == (2, 3)
+
+
+def test_pool_tokens_averages_partial_border_windows_over_what_they_cover():
+    x = torch.arange(15, dtype=torch.float32).view(1, 15, 1)  # 5x3 grid, values = raster index
+    pooled = pool_tokens(x, 5, 3, (2, 2))
+    assert pooled.flatten().tolist() == [2.0, 3.5, 8.0, 9.5, 12.5, 14.0]
+
+
+def test_partition_seed_depends_on_every_part_and_is_stable():
+    base = partition_seed(0, 999.0, 64, 64)
+    assert base == partition_seed(0, 999.0, 64, 64)
+    assert len({base, partition_seed(1, 999.0, 64, 64), partition_seed(0, 979.0, 64, 64),
+                partition_seed(0, 999.0, 32, 32)}) == 4
