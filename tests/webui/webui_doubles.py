@@ -1,0 +1,372 @@
+"""Minimal test doubles for the WebUI modules the extension touches (they cannot be installed here).
+
+Each follows the real AUTOMATIC1111 (1.6+) / Forge signature and call order it stands in for:
+- ``modules.scripts``: ``Script`` (attributes, ``elem_id``), ``AlwaysVisible``, ``scripts_data``
+  entries ``ScriptClassData(script_class, path, basedir, module)``, and ``load_scripts``' loading
+  of one file: by path via ``importlib.util.spec_from_file_location(basename, path)``, the
+  extension folder prepended to ``sys.path`` only for that import.
+- ``modules.shared``: ``opts`` (an ``Options`` with ``add_option``, defaults by attribute) and
+  ``OptionInfo(default, label, component, component_args, onchange, section, ...)``.
+- ``modules.script_callbacks``: ``on_ui_settings`` / ``on_before_ui`` registries.
+- ``modules.ui_components.InputAccordion``: a ``gr.Checkbox`` whose context opens an accordion.
+- ``modules.processing``: ``StableDiffusionProcessingTxt2Img`` fields the extension reads, and
+  ``process_images`` calling the scripts' hooks the extension uses in the real order (process;
+  per batch process_batch, sampling, ``is_hr_pass`` + before_hr + hires sampling; postprocess only
+  on success), ``close`` through ``contextlib.closing`` as modules/txt2img.py does. Forge's variant
+  restores ``forge_objects`` from ``forge_objects_after_applying_lora`` before every sampling pass
+  and then calls ``process_before_every_sampling`` (in the hires pass also once before restoring,
+  as Forge's ``sample_hr_pass`` does).
+- ``create_infotext`` / ``parse_generation_parameters`` / ``paste``: the "k: v, ..." format with
+  A1111's quoting and connect_paste's value conversion (bool "False", int via float, else type()).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import json
+import os
+import re
+import sys
+import types
+from collections import namedtuple
+from typing import Any, Callable
+
+import torch
+
+# ---------------------------------------------------------------- modules.scripts
+
+
+class AlwaysVisibleType:
+    pass
+
+
+AlwaysVisible = AlwaysVisibleType()
+ScriptClassData = namedtuple("ScriptClassData", ["script_class", "path", "basedir", "module"])
+
+
+class Script:
+    name = None
+    section = None
+    filename = None
+    args_from = None
+    args_to = None
+    alwayson = False
+    is_txt2img = False
+    is_img2img = False
+    tabname = None
+    group = None
+    create_group = True
+    infotext_fields = None
+    paste_field_names = None
+    api_info = None
+    controls = None
+    sorting_priority = 0
+
+    def title(self):
+        raise NotImplementedError()
+
+    def show(self, is_img2img):
+        return True
+
+    def elem_id(self, item_id):
+        need_tabname = self.show(True) == self.show(False)
+        tabkind = "img2img" if self.is_img2img else "txt2img"
+        tabname = f"{tabkind}_" if need_tabname else ""
+        title = re.sub(r"[^a-z_0-9]", "", re.sub(r"\s", "_", self.title().lower()))
+        return f"script_{tabname}{title}_{item_id}"
+
+
+def load_script_file(path: str, scripts_data: list) -> types.ModuleType:
+    """modules/scripts.py load_scripts + script_loading.load_module for one extension script."""
+    basedir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    syspath = sys.path
+    try:
+        sys.path = [basedir] + sys.path
+        spec = importlib.util.spec_from_file_location(os.path.basename(path), path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for value in module.__dict__.values():
+            if isinstance(value, type) and issubclass(value, Script) and value is not Script:
+                scripts_data.append(ScriptClassData(value, path, basedir, module))
+    finally:
+        sys.path = syspath
+    return module
+
+
+# ---------------------------------------------------------------- modules.shared
+
+
+class OptionInfo:
+    def __init__(self, default=None, label="", component=None, component_args=None, onchange=None,
+                 section=None, refresh=None, comment_before="", comment_after="", infotext=None,
+                 restrict_api=False, category_id=None):
+        self.default = default
+        self.label = label
+        self.component = component
+        self.component_args = component_args
+        self.section = section
+
+
+class Options:
+    def __init__(self, defaults: dict[str, Any]):
+        super().__setattr__("data", dict(defaults))
+        super().__setattr__("data_labels", {})
+
+    def add_option(self, key, info):
+        self.data_labels[key] = info
+        self.data.setdefault(key, info.default)
+
+    def __getattr__(self, item):
+        if item in self.data:
+            return self.data[item]
+        if item in self.data_labels:
+            return self.data_labels[item].default
+        raise AttributeError(item)
+
+    def __setattr__(self, key, value):
+        self.data[key] = value
+
+
+# ---------------------------------------------------------------- modules.script_callbacks
+
+
+class Callbacks:
+    def __init__(self):
+        self.ui_settings: list[Callable] = []
+        self.before_ui: list[Callable] = []
+
+    def module(self) -> types.ModuleType:
+        m = types.ModuleType("modules.script_callbacks")
+        m.on_ui_settings = self.ui_settings.append
+        m.on_before_ui = self.before_ui.append
+        return m
+
+
+# ---------------------------------------------------------------- modules.ui_components
+
+
+def make_input_accordion(gr):
+    class InputAccordionImpl(gr.Checkbox):
+        """A hidden checkbox that opens/closes the accordion it creates (modules/ui_components.py)."""
+
+        def __init__(self, value=None, **kwargs):
+            elem_id = kwargs.get("elem_id")
+            super().__init__(value=value, **{**kwargs, "elem_id": f"{elem_id}-checkbox", "visible": False})
+            self.accordion = gr.Accordion(kwargs.get("label", "Accordion"), open=value, elem_id=elem_id)
+
+        def __enter__(self):
+            self.accordion.__enter__()
+            return self
+
+        def __exit__(self, exc_type, exc_val, exc_tb):
+            self.accordion.__exit__(exc_type, exc_val, exc_tb)
+
+        def get_block_name(self):
+            return "checkbox"
+
+    def InputAccordion(value=None, **kwargs):
+        return InputAccordionImpl(value=value, **kwargs)
+
+    return InputAccordion
+
+
+# ---------------------------------------------------------------- modules.processing
+
+
+class Processing:
+    """StableDiffusionProcessingTxt2Img's fields used here; sd_model is what shared.sd_model is."""
+
+    def __init__(self, sd_model, opts, *, steps=3, width=128, height=128, batch_size=1, n_iter=1,
+                 enable_hr=False, hr_scale=2.0, seed=1, token_merging_ratio=0, token_merging_ratio_hr=0):
+        self.sd_model = sd_model
+        self.opts = opts
+        self.steps, self.width, self.height = steps, width, height
+        self.batch_size, self.n_iter = batch_size, n_iter
+        self.enable_hr, self.hr_scale = enable_hr, hr_scale
+        self.seed = seed
+        self.token_merging_ratio = token_merging_ratio
+        self.token_merging_ratio_hr = token_merging_ratio_hr
+        self.extra_generation_params: dict[str, Any] = {}
+        self.is_hr_pass = False
+        self.scripts = None
+        self.script_args: list = []
+        self.closed = False
+
+    def get_token_merging_ratio(self, for_hr=False):
+        opts = self.opts
+        if for_hr:
+            return (self.token_merging_ratio_hr or opts.token_merging_ratio_hr or self.token_merging_ratio
+                    or opts.token_merging_ratio)
+        return self.token_merging_ratio or opts.token_merging_ratio
+
+    def close(self):
+        self.closed = True
+
+
+class ScriptRunner:
+    """modules.scripts.ScriptRunner for alwayson scripts: each gets args[args_from:args_to]."""
+
+    def __init__(self, scripts: list):
+        self.alwayson_scripts = scripts
+
+    def _call(self, name, p, *extra, **kwargs):
+        for script in self.alwayson_scripts:
+            args = p.script_args[script.args_from:script.args_to]
+            getattr(script, name)(p, *extra, *args, **kwargs)
+
+    def process(self, p):
+        self._call("process", p)
+
+    def process_batch(self, p, **kwargs):
+        self._call("process_batch", p, **kwargs)
+
+    def before_hr(self, p):
+        self._call("before_hr", p)
+
+    def process_before_every_sampling(self, p, **kwargs):
+        self._call("process_before_every_sampling", p, **kwargs)
+
+    def postprocess(self, p, processed):
+        self._call("postprocess", p, processed)
+
+
+def _context(batch: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 + seed)
+    return torch.randn(batch, 7, 32, generator=g)
+
+
+@torch.no_grad()
+def _sample(p, unet_call, x: torch.Tensor, context: torch.Tensor, fail_at_step):
+    """A 'sampler': cond/uncond batched like the WebUI's CFG denoiser, a few Euler-like steps."""
+    for i, t in enumerate(torch.linspace(900, 100, p.steps)):
+        if fail_at_step is not None and i == fail_at_step:
+            raise RuntimeError("sampling failed midway (test)")
+        x_in = torch.cat([x, x])
+        c_in = torch.cat([context, torch.zeros_like(context)])
+        eps = unet_call(x_in, torch.full((x_in.shape[0],), float(t)), c_in)
+        cond, uncond = eps.chunk(2)
+        x = x - 0.1 * (uncond + 3.0 * (cond - uncond))
+    return x
+
+
+def process_images(p, *, fail_at_step=None, forge=False):
+    """processing.process_images -> process_images_inner with the scripts' call order."""
+    p.scripts.process(p)
+    outputs = []
+    for n in range(p.n_iter):
+        p.seeds = [p.seed + n * p.batch_size + i for i in range(p.batch_size)]
+        p.scripts.process_batch(p, batch_number=n, prompts=[""] * p.batch_size, seeds=p.seeds, subseeds=p.seeds)
+        g = torch.Generator().manual_seed(p.seeds[0])
+        x = torch.randn(p.batch_size, 4, p.height // 8, p.width // 8, generator=g)
+        context = _context(p.batch_size, p.seeds[0])
+        x = _sample(p, _unet_call(p, forge, x, context), x, context, fail_at_step)
+        if p.enable_hr:
+            p.is_hr_pass = True
+            x = torch.nn.functional.interpolate(x, scale_factor=p.hr_scale, mode="nearest")
+            p.scripts.before_hr(p)
+            x = _sample(p, _unet_call(p, forge, x, context), x, context, fail_at_step)
+            p.is_hr_pass = False
+        outputs.append(x)
+    processed = types.SimpleNamespace(images=outputs, info=create_infotext(p))
+    p.scripts.postprocess(p, processed)
+    return processed
+
+
+def _unet_call(p, forge, x, context):
+    if not forge:
+        unet = p.sd_model.model.diffusion_model
+        return lambda x_in, t, c: unet(x_in, t, context=c)
+    if p.is_hr_pass:  # Forge's sample_hr_pass calls the scripts once before restoring forge_objects
+        p.scripts.process_before_every_sampling(p, x=x, noise=x, c=context, uc=context)
+    # Forge: sampling starts from the LoRA-applied objects, then scripts patch a clone.
+    p.sd_model.forge_objects = p.sd_model.forge_objects_after_applying_lora.shallow_copy()
+    p.scripts.process_before_every_sampling(p, x=x, noise=x, c=context, uc=context)
+    return p.sd_model.forge_apply  # the test's Forge model: Forge's sampling_function model call
+
+
+def txt2img(p, **kwargs):
+    """modules/txt2img.py: ``with closing(p): processed = process_images(p)``."""
+    with contextlib.closing(p):
+        return process_images(p, **kwargs)
+
+
+# ---------------------------------------------------------------- infotext
+
+
+def _quote(text: Any) -> str:
+    text = str(text)
+    if "," not in text and "\n" not in text and ":" not in text:
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
+def create_infotext(p) -> str:
+    params = {"Steps": p.steps, "Seed": p.seed, "Size": f"{p.width}x{p.height}", **p.extra_generation_params}
+    return "prompt\nNegative prompt: \n" + ", ".join(
+        f"{k}: {_quote(v)}" for k, v in params.items() if v is not None
+    )
+
+
+_RE_PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+
+
+def parse_generation_parameters(text: str) -> dict[str, str]:
+    res = {}
+    lastline = text.strip().split("\n")[-1]
+    for key, value in _RE_PARAM.findall(lastline):
+        value = value.strip()
+        if value.startswith('"') and value.endswith('"'):
+            value = json.loads(value)
+        res[key] = value
+    return res
+
+
+def paste(infotext_fields, params: dict) -> list:
+    """infotext_utils.connect_paste's paste_func: one new value (or None = unchanged) per field."""
+    out = []
+    for output, key in infotext_fields:
+        v = key(params) if callable(key) else params.get(key, None)
+        if v is None:
+            out.append(None)
+            continue
+        valtype = type(output.value)
+        if valtype is bool and v == "False":
+            val = False
+        elif valtype is int:
+            val = float(v)
+        else:
+            val = valtype(v)
+        out.append(val)
+    return out
+
+
+# ---------------------------------------------------------------- install into sys.modules
+
+
+def install(monkeypatch, gr, opts_defaults: dict | None = None):
+    """Put the doubles in sys.modules as the ``modules`` package; returns a namespace of them."""
+    callbacks = Callbacks()
+    opts = Options({"token_merging_ratio": 0.0, "token_merging_ratio_hr": 0.0, **(opts_defaults or {})})
+    pkg = types.ModuleType("modules")
+    pkg.__path__ = []
+    scripts_mod = types.ModuleType("modules.scripts")
+    scripts_mod.Script, scripts_mod.AlwaysVisible = Script, AlwaysVisible
+    scripts_mod.scripts_data = []
+    shared_mod = types.ModuleType("modules.shared")
+    shared_mod.opts, shared_mod.OptionInfo = opts, OptionInfo
+    ui_components = types.ModuleType("modules.ui_components")
+    ui_components.InputAccordion = make_input_accordion(gr)
+    cb_mod = callbacks.module()
+    for name, mod in {"modules": pkg, "modules.scripts": scripts_mod, "modules.shared": shared_mod,
+                      "modules.script_callbacks": cb_mod, "modules.ui_components": ui_components}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+        if name != "modules":
+            setattr(pkg, name.split(".")[1], mod)
+    return types.SimpleNamespace(scripts=scripts_mod, shared=shared_mod, opts=opts, callbacks=callbacks,
+                                 ui_components=ui_components)
+
+
+def copy_p(p):
+    """xyz_grid's per-cell ``copy(p)``."""
+    return copy.copy(p)

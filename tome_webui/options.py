@@ -1,0 +1,122 @@
+"""The extension's controls as data: their order, defaults, infotext keys and conversion.
+
+Host-free (no gradio, no ``modules``): the UI, the runner, the XYZ axes and the tests all read the
+same table, so the ``alwayson_scripts`` argument order, the infotext keys and the paste-back mapping
+cannot drift apart.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Sequence
+
+from tome_core import ToMeConfig
+
+INFOTEXT_PREFIX = "ToMe"
+SKIPPED_KEY = "ToMe skipped"
+SKIPPED_VALUE = "built-in token merging is on"
+MAX_DOWNSAMPLE_CHOICES = ("1", "2", "4", "8")
+MODE_CHOICES = ("merge", "kv")
+
+
+def _to_bool(value: Any) -> bool:
+    # Infotext and the API hand over strings; "False" must not become True.
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+def _to_int(value: Any) -> int:
+    # Sliders give floats (2.0), radios give strings ("2"), the API gives either.
+    return int(float(value))
+
+
+@dataclass(frozen=True)
+class Field:
+    """One control: ``name`` is the ``WebUIArgs`` attribute, ``key`` its infotext key."""
+
+    name: str
+    key: str
+    convert: Callable[[Any], Any]
+
+
+# The order of ui()'s return value and so of the ``alwayson_scripts`` "ToMe" args list.
+FIELDS: tuple[Field, ...] = (
+    Field("enabled", "", _to_bool),  # no key of its own: on when "ToMe ratio" is in the infotext
+    Field("ratio", "ToMe ratio", float),
+    Field("hr_ratio", "ToMe hr ratio", float),
+    Field("max_downsample", "ToMe max downsample", _to_int),
+    Field("sx", "ToMe sx", _to_int),
+    Field("sy", "ToMe sy", _to_int),
+    Field("use_rand", "ToMe use rand", _to_bool),
+    Field("seed", "ToMe seed", _to_int),
+    Field("mode", "ToMe mode", str),
+    Field("merge_attn", "ToMe merge attn", _to_bool),
+    Field("merge_crossattn", "ToMe merge crossattn", _to_bool),
+    Field("merge_mlp", "ToMe merge mlp", _to_bool),
+    Field("start_percent", "ToMe start percent", float),
+    Field("end_percent", "ToMe end percent", float),
+    Field("min_tokens", "ToMe min tokens", _to_int),
+)
+FIELD_BY_NAME = {f.name: f for f in FIELDS}
+INFOTEXT_KEYS = tuple(f.key for f in FIELDS if f.key)
+
+
+@dataclass(frozen=True)
+class WebUIArgs:
+    """The script's arguments, converted; defaults are the engine's (``ToMeConfig``).
+
+    ``hr_ratio`` is the ratio of the hires-fix pass (0 = no merging in that pass).
+    """
+
+    enabled: bool = False
+    ratio: float = ToMeConfig.ratio
+    hr_ratio: float = ToMeConfig.ratio
+    max_downsample: int = ToMeConfig.max_downsample
+    sx: int = ToMeConfig.sx
+    sy: int = ToMeConfig.sy
+    use_rand: bool = ToMeConfig.use_rand
+    seed: int = ToMeConfig.seed
+    mode: str = ToMeConfig.mode
+    merge_attn: bool = ToMeConfig.merge_attn
+    merge_crossattn: bool = ToMeConfig.merge_crossattn
+    merge_mlp: bool = ToMeConfig.merge_mlp
+    start_percent: float = ToMeConfig.start_percent
+    end_percent: float = ToMeConfig.end_percent
+    min_tokens: int = ToMeConfig.min_tokens
+
+    @classmethod
+    def from_script_args(cls, args: Sequence[Any]) -> "WebUIArgs":
+        """``args``: the values of ui()'s controls in ``FIELDS`` order (a shorter list keeps defaults)."""
+        if len(args) > len(FIELDS):
+            raise ValueError(
+                f"ToMe: expected at most {len(FIELDS)} script args "
+                f"({', '.join(f.name for f in FIELDS)}), got {len(args)}."
+            )
+        values = {f.name: f.convert(v) for f, v in zip(FIELDS, args) if v is not None}
+        return cls(**values)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> "WebUIArgs":
+        """Values set on ``p`` by an XYZ axis; setting one turns ToMe on."""
+        if not overrides:
+            return self
+        converted = {k: FIELD_BY_NAME[k].convert(v) for k, v in overrides.items()}
+        return replace(self, enabled=True, **converted)
+
+    def config(self, hires: bool = False) -> ToMeConfig:
+        """The engine config of the first pass, or of the hires pass (its own ratio)."""
+        engine_fields = {f.name for f in fields(ToMeConfig)}
+        values = {k: v for k, v in self.__dict__.items() if k in engine_fields}
+        values["ratio"] = self.hr_ratio if hires else self.ratio
+        return ToMeConfig(**values)
+
+    def infotext(self, with_hr: bool) -> dict[str, Any]:
+        """Generation parameters for ``p.extra_generation_params``: every option, by its key."""
+        params = {f.key: getattr(self, f.name) for f in FIELDS if f.key}
+        if not with_hr:
+            del params[FIELD_BY_NAME["hr_ratio"].key]
+        return params
+
+
+def enabled_from_infotext(params: dict[str, Any]) -> bool:
+    """Paste-back rule for the accordion checkbox: on exactly when the image was made with ToMe."""
+    return FIELD_BY_NAME["ratio"].key in params

@@ -1,0 +1,165 @@
+"""What the Script's callbacks do to the model during one generation (one ``p``).
+
+AUTOMATIC1111 (LDM/SGM ``sd_model``): ``tome_core.apply_patch`` on ``p.sd_model`` before each
+batch, the hires pass with its own ratio, removal in ``postprocess`` and, because a run that raises midway never
+reaches ``postprocess``, also when the WebUI closes ``p`` (``with closing(p)`` in txt2img, img2img
+and the API) and again at the start of the next run.
+
+Forge / reForge: ``p.sd_model.forge_objects.unet`` is a ComfyUI-style ModelPatcher that Forge
+restores before every sampling pass, so each pass gets a patched clone and nothing needs removing.
+
+Host-free: ``p`` is duck-typed; nothing here imports ``modules`` or gradio.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+# Everything is imported here, at import time: the WebUI puts the extension folder on sys.path only
+# while it imports scripts/*.py, so a later `import tome_core...` inside a callback would fail.
+import tome_core
+from tome_core import ToMeConfig
+from tome_core.model_patcher import patch_model_patcher
+
+from .options import INFOTEXT_KEYS, SKIPPED_KEY, SKIPPED_VALUE, WebUIArgs
+
+RUN_ATTR = "tome_run"  # per-run state on p
+OVERRIDES_ATTR = "tome_overrides"  # set on p by the XYZ axes (see xyz.py)
+
+
+def log(message: str) -> None:
+    print(f"[ToMe] {message}")
+
+
+def is_forge(p: Any) -> bool:
+    """Forge and reForge hand scripts a model whose UNet lives in ``forge_objects.unet``."""
+    return getattr(getattr(p, "sd_model", None), "forge_objects", None) is not None
+
+
+def builtin_ratio(p: Any) -> float:
+    """The WebUI's own token merging ratio in force for this run (first pass or hires pass)."""
+    get_ratio = getattr(p, "get_token_merging_ratio", None)
+    if get_ratio is None:
+        return 0.0
+    ratios = [get_ratio()]
+    if getattr(p, "enable_hr", False):
+        ratios.append(get_ratio(for_hr=True))
+    return max(float(r or 0) for r in ratios)
+
+
+@dataclass
+class Run:
+    """ToMe's state for one generation; lives on ``p`` as ``p.tome_run``."""
+
+    base: ToMeConfig
+    hires: ToMeConfig
+    patched: list = field(default_factory=list)  # A1111 models this run patched
+    forge_source: Any = None  # Forge: the UNet patcher last cloned, and the clone handed back
+    forge_clone: Any = None
+
+    def patch(self, model: Any, config: ToMeConfig) -> None:
+        if not config.enabled:
+            unpatch(model)
+            return
+        tome_core.apply_patch(model, **config.as_dict())
+        if not any(m is model for m in self.patched):
+            self.patched.append(model)
+
+    def release(self) -> None:
+        for model in self.patched:
+            unpatch(model)
+        self.patched.clear()
+
+
+def unpatch(model: Any) -> bool:
+    if model is not None and tome_core.is_patched(model):
+        tome_core.remove_patch(model)
+        return True
+    return False
+
+
+def start(p: Any, script_args: Sequence[Any]) -> Run | None:
+    """Script.process: clean up after a failed run, decide, write the infotext; patching is per batch."""
+    forge = is_forge(p)
+    if not forge and unpatch(p.sd_model):
+        log("removed a patch left on the model by an earlier run that did not finish.")
+    setattr(p, RUN_ATTR, None)
+    # XYZ plot cells are shallow copies of one p and share its extra_generation_params dict.
+    for key in (*INFOTEXT_KEYS, SKIPPED_KEY):
+        p.extra_generation_params.pop(key, None)
+
+    args = WebUIArgs.from_script_args(script_args).with_overrides(getattr(p, OVERRIDES_ATTR, None) or {})
+    if not args.enabled:
+        return None
+
+    builtin = builtin_ratio(p)
+    if builtin > 0:
+        log(
+            f"skipped: the WebUI's built-in token merging is on (ratio {builtin:g}), and two merges "
+            "must not stack. Set Settings > Optimizations > Token merging ratio (and its hires "
+            "counterpart) to 0 to use this extension."
+        )
+        p.extra_generation_params[SKIPPED_KEY] = SKIPPED_VALUE
+        return None
+
+    with_hr = bool(getattr(p, "enable_hr", False))
+    # Built now so that a bad value fails before sampling, with the engine's message.
+    run = Run(base=args.config(), hires=args.config(hires=True))
+    p.extra_generation_params.update(args.infotext(with_hr=with_hr))
+    setattr(p, RUN_ATTR, run)
+
+    if not forge:
+        _release_when_closed(p, run)
+    return run
+
+
+def before_batch(p: Any) -> None:
+    """Script.process_batch (A1111): first pass of each batch at the base ratio."""
+    run = getattr(p, RUN_ATTR, None)
+    if run is not None and not is_forge(p):
+        run.patch(p.sd_model, run.base)
+
+
+def before_hr(p: Any) -> None:
+    """Script.before_hr (A1111): the hires pass at its own ratio (the model may be a hires checkpoint)."""
+    run = getattr(p, RUN_ATTR, None)
+    if run is not None and not is_forge(p):
+        run.patch(p.sd_model, run.hires)
+
+
+def before_sampling(p: Any) -> None:
+    """Script.process_before_every_sampling (Forge): patch a clone of the UNet patcher for this pass."""
+    run = getattr(p, RUN_ATTR, None)
+    if run is None or not is_forge(p):
+        return
+    config = run.hires if getattr(p, "is_hr_pass", False) else run.base
+    objects = p.sd_model.forge_objects
+    if objects.unet is run.forge_clone:  # not restored since our last patch: never stack two merges
+        objects.unet = run.forge_source
+    if not config.enabled:
+        return
+    run.forge_source = objects.unet
+    run.forge_clone = objects.unet = patch_model_patcher(objects.unet, config)
+
+
+def finish(p: Any) -> None:
+    """Script.postprocess: the run ended normally."""
+    run = getattr(p, RUN_ATTR, None)
+    if run is not None:
+        run.release()
+
+
+def _release_when_closed(p: Any, run: Run) -> None:
+    # The WebUI closes p in a `finally` (contextlib.closing) even when sampling raised, while
+    # postprocess only runs on success; chaining p.close is the one host path that always runs.
+    close = getattr(p, "close", None)
+    if close is None:
+        return
+
+    def close_and_release() -> None:
+        try:
+            close()
+        finally:
+            run.release()
+
+    p.close = close_and_release

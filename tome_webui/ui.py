@@ -1,0 +1,75 @@
+"""The "ToMe" accordion in txt2img and img2img (gradio 3.41, the WebUI's version).
+
+The accordion's header checkbox enables ToMe (``modules.ui_components.InputAccordion``, in A1111
+since 1.6 and in Forge); a WebUI without it gets a plain accordion with an "Enable ToMe" checkbox. The returned controls
+follow ``options.FIELDS`` exactly: that order is the ``alwayson_scripts`` API's argument order.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+from .options import FIELDS, INFOTEXT_KEYS, MAX_DOWNSAMPLE_CHOICES, MODE_CHOICES, WebUIArgs, enabled_from_infotext
+
+TITLE = "ToMe (token merging)"
+
+
+@contextlib.contextmanager
+def _enabled_accordion(gr: Any, input_accordion: Callable | None, value: bool, elem_id: str) -> Iterator[Any]:
+    """Yield the enabling checkbox inside the open accordion context: an InputAccordion where the
+    WebUI has one (its header checkbox), else a plain accordion with an "Enable ToMe" checkbox."""
+    if input_accordion is not None:
+        with input_accordion(value, label=TITLE, elem_id=elem_id) as enabled:
+            yield enabled
+    else:
+        with gr.Accordion(TITLE, open=False):
+            yield gr.Checkbox(label="Enable ToMe", value=value, elem_id=elem_id)
+
+
+def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_accordion: Callable | None) -> list:
+    """Create the controls; sets ``script.infotext_fields`` and ``script.paste_field_names``."""
+    d = defaults
+    with _enabled_accordion(gr, input_accordion, d.enabled, script.elem_id("enabled")) as enabled:
+        with gr.Row():
+            ratio = gr.Slider(label="Ratio", minimum=0.0, maximum=0.75, step=0.05, value=d.ratio,
+                              elem_id=script.elem_id("ratio"),
+                              info="Fraction of tokens merged; 0.3-0.5 is a good trade of speed for detail.")
+            hr_ratio = gr.Slider(label="Hires ratio", minimum=0.0, maximum=0.75, step=0.05, value=d.hr_ratio,
+                                 elem_id=script.elem_id("hr_ratio"), visible=not is_img2img,
+                                 info="Ratio of the hires-fix pass (0 = no merging there).")
+        max_downsample = gr.Radio(label="Max downsample", choices=list(MAX_DOWNSAMPLE_CHOICES),
+                                  value=str(d.max_downsample), elem_id=script.elem_id("max_downsample"),
+                                  info="UNet levels merged, from the first with attention: 1 = that level only.")
+        with gr.Accordion("Advanced", open=False):
+            with gr.Row():
+                sx = gr.Slider(label="sx", minimum=1, maximum=8, step=1, value=d.sx, elem_id=script.elem_id("sx"))
+                sy = gr.Slider(label="sy", minimum=1, maximum=8, step=1, value=d.sy, elem_id=script.elem_id("sy"))
+            with gr.Row():
+                use_rand = gr.Checkbox(label="Random destinations", value=d.use_rand,
+                                       elem_id=script.elem_id("use_rand"))
+                seed = gr.Number(label="Partition seed", value=d.seed, precision=0, elem_id=script.elem_id("seed"))
+            mode = gr.Radio(label="Mode", choices=list(MODE_CHOICES), value=d.mode, elem_id=script.elem_id("mode"),
+                            info="merge: merge and unmerge tokens (tomesd); kv: keep queries, pool keys/values.")
+            with gr.Row():
+                merge_attn = gr.Checkbox(label="Merge self-attention", value=d.merge_attn,
+                                         elem_id=script.elem_id("merge_attn"))
+                merge_crossattn = gr.Checkbox(label="Merge cross-attention", value=d.merge_crossattn,
+                                              elem_id=script.elem_id("merge_crossattn"))
+                merge_mlp = gr.Checkbox(label="Merge MLP (not on Forge)", value=d.merge_mlp,
+                                        elem_id=script.elem_id("merge_mlp"))
+            with gr.Row():
+                start_percent = gr.Slider(label="Start percent", minimum=0.0, maximum=1.0, step=0.01,
+                                          value=d.start_percent, elem_id=script.elem_id("start_percent"))
+                end_percent = gr.Slider(label="End percent", minimum=0.0, maximum=1.0, step=0.01,
+                                        value=d.end_percent, elem_id=script.elem_id("end_percent"))
+            min_tokens = gr.Number(label="Min tokens", value=d.min_tokens, precision=0,
+                                   elem_id=script.elem_id("min_tokens"))
+
+    controls = [enabled, ratio, hr_ratio, max_downsample, sx, sy, use_rand, seed, mode,
+                merge_attn, merge_crossattn, merge_mlp, start_percent, end_percent, min_tokens]
+    assert len(controls) == len(FIELDS)
+    script.infotext_fields = [(enabled, enabled_from_infotext)] + [
+        (control, field.key) for control, field in zip(controls, FIELDS) if field.key
+    ]
+    script.paste_field_names = list(INFOTEXT_KEYS)
+    return controls
