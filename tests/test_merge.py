@@ -77,3 +77,14 @@ def test_partition_seed_depends_on_every_part_and_is_stable():
     assert base == partition_seed(0, 999.0, 64, 64)
     assert len({base, partition_seed(1, 999.0, 64, 64), partition_seed(0, 979.0, 64, 64),
                 partition_seed(0, 999.0, 32, 32)}) == 4
+
+
+def test_chunked_best_destinations_equal_the_full_score_matrix(monkeypatch):
+    import tome_core.merge as merge_module
+
+    gen = torch.Generator().manual_seed(0)
+    src, dst = torch.randn(2, 300, 8, generator=gen), torch.randn(2, 100, 8, generator=gen)
+    full_max, full_idx = (src @ dst.transpose(-1, -2)).max(dim=-1)
+    monkeypatch.setattr(merge_module, "SCORE_CHUNK_ELEMENTS", 2 * 100 * 7)  # 7 rows per chunk
+    chunk_max, chunk_idx = merge_module.best_destinations(src, dst)
+    assert torch.equal(chunk_max, full_max) and torch.equal(chunk_idx, full_idx)

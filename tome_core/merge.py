@@ -60,6 +60,25 @@ def make_partition(h: int, w: int, sx: int, sy: int, cell_choice: Optional[torch
     return Partition(dst_idx=is_dst.nonzero().flatten().to(device), src_idx=(~is_dst).nonzero().flatten().to(device))
 
 
+SCORE_CHUNK_ELEMENTS = 1 << 23  # ~16 MB of bf16 scores at a time
+
+
+def best_destinations(src: torch.Tensor, dst: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Max and argmax over destinations of src @ dst^T, in row chunks.
+
+    src: [B, Ns, C], dst: [B, Nd, C] -> ([B, Ns], [B, Ns]). The full score matrix would be the
+    largest tensor of the step at high resolution (CPU and GPU attention kernels never build one),
+    so it is never materialised whole; the result is the same.
+    """
+    batch, num_src, _ = src.shape
+    rows = max(1, SCORE_CHUNK_ELEMENTS // max(1, batch * dst.shape[1]))
+    dst_t = dst.transpose(-1, -2)
+    if rows >= num_src:
+        return (src @ dst_t).max(dim=-1)
+    best = [(src[:, i:i + rows] @ dst_t).max(dim=-1) for i in range(0, num_src, rows)]
+    return torch.cat([b.values for b in best], dim=1), torch.cat([b.indices for b in best], dim=1)
+
+
 def bipartite_soft_matching(metric: torch.Tensor, partition: Partition, r: int) -> Tuple[TokenFn, TokenFn]:
     """Match sources to destinations on ``metric`` and return (merge, unmerge) closures.
 
@@ -79,7 +98,7 @@ def bipartite_soft_matching(metric: torch.Tensor, partition: Partition, r: int) 
         metric = metric / metric.norm(dim=-1, keepdim=True)
         src = metric.index_select(1, partition.src_idx)
         dst = metric.index_select(1, partition.dst_idx)
-        node_max, node_idx = (src @ dst.transpose(-1, -2)).max(dim=-1)  # [B, Ns]
+        node_max, node_idx = best_destinations(src, dst)  # [B, Ns]
         merged = node_max.topk(r, dim=-1, sorted=False).indices  # [B, r], local source indices
 
         is_merged = torch.zeros(batch, num_src, dtype=torch.bool, device=metric.device)
