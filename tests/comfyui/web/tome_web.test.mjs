@@ -1,0 +1,85 @@
+// Load-tests web/ in Node: the extension module is imported as ComfyUI serves it
+// (/extensions/<package>/tome.js next to /scripts/app.js, here a recording stand-in), registers
+// itself, and draws the per-level token counts of a small graph onto a recording canvas context.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+
+const WEB = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", "web");
+
+async function loadExtension() {
+  const root = mkdtempSync(join(tmpdir(), "tome-web-"));
+  mkdirSync(join(root, "scripts"));
+  writeFileSync(join(root, "scripts", "app.js"),
+    "export const app = { extensions: [], graph: null, registerExtension(e) { this.extensions.push(e); } };\n");
+  cpSync(WEB, join(root, "extensions", "comfyui-tome"), { recursive: true });
+  const module = await import(pathToFileURL(join(root, "extensions", "comfyui-tome", "tome.js")));
+  const { app } = await import(pathToFileURL(join(root, "scripts", "app.js")));
+  return { module, app };
+}
+
+function makeGraph() {
+  const nodes = new Map();
+  const links = new Map();
+  const graph = { links, getNodeById: (id) => nodes.get(id) };
+  const add = (node) => { nodes.set(node.id, node); return node; };
+  const link = (id, origin, target) => links.set(id, { id, origin_id: origin, target_id: target });
+  add({ id: 2, widgets: [{ name: "width", value: 1024 }, { name: "height", value: 768 }], outputs: [] });
+  add({ id: 3, inputs: [{ name: "model", link: 10 }, { name: "latent_image", link: 11 }], outputs: [] });
+  link(10, 1, 3);
+  link(11, 2, 3);
+  return { graph, add };
+}
+
+test("web files make no network calls and build no HTML", () => {
+  for (const name of readdirSync(WEB)) {
+    const source = readFileSync(join(WEB, name), "utf8");
+    for (const banned of ["fetch(", "XMLHttpRequest", "WebSocket", "innerHTML", "outerHTML", "insertAdjacentHTML",
+      "document.write", "api.fetchApi"]) {
+      assert.ok(!source.includes(banned), `${name} uses ${banned}`);
+    }
+  }
+});
+
+test("the extension registers and draws per-level token counts", async () => {
+  const { module, app } = await loadExtension();
+  assert.equal(app.extensions.length, 1);
+  const extension = app.extensions[0];
+  assert.equal(extension, module.extension);
+
+  class NodeType {}
+  await extension.beforeRegisterNodeDef(NodeType, { name: "KSampler" });
+  assert.equal(NodeType.prototype.onDrawForeground, undefined, "other nodes are left alone");
+  await extension.beforeRegisterNodeDef(NodeType, { name: "TomeCoreToMe" });
+
+  const { graph, add } = makeGraph();
+  const node = add(Object.assign(new NodeType(), {
+    id: 1, graph, size: [300, 80], computeSize: () => [300, 80],
+    widgets: [{ name: "ratio", value: 0.5 }, { name: "max_downsample", value: 1 }],
+    outputs: [{ name: "MODEL", type: "MODEL", links: [10] }],
+  }));
+  const drawn = [];
+  const ctx = { save() {}, restore() {}, fillText: (text) => drawn.push(text) };
+  node.onDrawForeground(ctx);
+  assert.match(drawn[0], /^1024x768, first attention level 1x/);
+  assert.equal(drawn[1], "1x 128x96: 12288 -> 6144 tokens (-50%)");
+  assert.equal(drawn[2], "2x 64x48: 3072 tokens, unchanged");
+  assert.ok(node.size[1] >= 80 + drawn.length * 14, "the node grows to fit the text");
+
+  node.onExecuted({ tome: [{ base_downsample: 2, model_type: "SDXL" }] });
+  drawn.length = 0;
+  node.onDrawForeground(ctx);
+  assert.match(drawn[0], /SDXL: first attention level 2x/);
+  assert.equal(drawn[1], "2x 64x48: 3072 -> 1536 tokens (-50%)");
+});
+
+test("without a sampler downstream a 512x512 latent is assumed", async () => {
+  const { module } = await loadExtension();
+  const node = { id: 7, widgets: [{ name: "mode", value: "kv" }, { name: "ratio", value: 0.75 }], outputs: [] };
+  const lines = module.infoLines(node, { links: {}, getNodeById: () => undefined });
+  assert.match(lines[0], /512x512 \(no latent found, assumed\)/);
+  assert.equal(lines[1], "1x 64x64: 4096 queries, keys/values 4096 -> 1024 (-75%)");
+});

@@ -1,0 +1,227 @@
+"""ToMe through a ComfyUI-style ``ModelPatcher``: clone it, register attention patches, return the clone.
+
+Host-neutral glue shared by the ComfyUI nodes and WebUI Forge (whose ``UnetPatcher`` has the same
+API). Nothing here imports a host: the patcher is duck typed. It must offer ``clone()``,
+``set_model_attn1_patch`` and ``set_model_attn1_output_patch`` (plus the attn2 pair when
+``merge_crossattn`` is on), and ``.model.diffusion_model`` (or ``get_model_object``).
+
+Patch contract (ComfyUI ``comfy/ldm/modules/attention.py``, unchanged from 2024 to 0.3.x):
+    attn1_patch(n, context, value, extra_options) -> (n, context, value)
+        n: [B, N, C] = norm1(x); context/value: the self-attention key/value source (n itself
+        unless an earlier patch replaced them).
+    attn1_output_patch(out, extra_options) -> out, right after self-attention.
+    extra_options carries "original_shape" ([B, C, H, W] of the UNet input latent) and "sigmas"
+    (the current sigma per batch row).
+Mode "merge" merges n, context and value and unmerges the attention output; mode "kv" keeps
+every query and pools the keys/values. The plan made in attn1_patch is handed to the output patch
+through a cell in the closure made per ``patch_model_patcher`` call, never through a global.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+
+from .config import ToMeConfig
+from .levels import attention_base_downsample
+from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
+
+SUPPORTED_MODELS = "SD1.x, SD2.x and SDXL-family UNet models (SSD-1B, Playground v2, ...)"
+_REQUIRED_METHODS = ("clone", "set_model_attn1_patch", "set_model_attn1_output_patch")
+
+
+class UnsupportedModelError(TypeError):
+    """The model has no UNet transformer blocks ToMe can merge (e.g. a DiT such as Flux or SD3)."""
+
+
+@dataclass(frozen=True)
+class SigmaWindow:
+    """The part of the schedule where ToMe is on, as sigmas: active iff low <= sigma <= high.
+
+    Built from start/end percent with the model's own ``percent_to_sigma``, the way ComfyUI bounds
+    ControlNet and conditioning ranges, so "percent" means here what it means everywhere in ComfyUI.
+    """
+
+    high: float = float("inf")
+    low: float = 0.0
+
+    def contains(self, sigma: float) -> bool:
+        return self.low <= sigma <= self.high
+
+
+def _model_object(patcher: Any, name: str) -> Any:
+    """patcher's model attribute ``name``, honouring object patches (e.g. ModelSamplingDiscrete)."""
+    getter = getattr(patcher, "get_model_object", None)
+    if callable(getter):
+        try:
+            return getter(name)
+        except AttributeError:
+            return None
+    patched = getattr(patcher, "object_patches", {}) or {}
+    if name in patched:
+        return patched[name]
+    return getattr(getattr(patcher, "model", None), name, None)
+
+
+def model_type_name(patcher: Any) -> str:
+    """Class name of the model inside a patcher (e.g. "BaseModel", "SDXL", "Flux"), for messages."""
+    return type(getattr(patcher, "model", patcher)).__name__
+
+
+def base_downsample_of(patcher: Any) -> int:
+    """The latent downsampling of the patcher's first attention level (SD1/2: 1, SDXL: 2).
+
+    Raises UnsupportedModelError naming the model type when there is no UNet with transformer blocks.
+    """
+    unet = _model_object(patcher, "diffusion_model")
+    kind = model_type_name(patcher)
+    if not isinstance(unet, torch.nn.Module):
+        raise UnsupportedModelError(
+            f"ToMe: the {kind} model has no diffusion_model UNet to patch. Supported: {SUPPORTED_MODELS}."
+        )
+    try:
+        return attention_base_downsample(unet)
+    except TypeError as error:
+        raise UnsupportedModelError(
+            f"ToMe cannot patch a {kind} model ({type(unet).__name__}): it has no UNet transformer blocks "
+            f"(BasicTransformerBlock in input_blocks/middle_block). Supported: {SUPPORTED_MODELS}; "
+            "transformer-only models (Flux, SD3, AuraFlow, HunyuanDiT, PixArt, ...) are not."
+        ) from error
+
+
+def sigma_window(patcher: Any, config: ToMeConfig) -> SigmaWindow:
+    """Convert config.start/end_percent to sigmas with the model's ``model_sampling``."""
+    if config.start_percent <= 0.0 and config.end_percent >= 1.0:
+        return SigmaWindow()
+    sampling = _model_object(patcher, "model_sampling")
+    to_sigma = getattr(sampling, "percent_to_sigma", None)
+    if not callable(to_sigma):
+        raise UnsupportedModelError(
+            f"ToMe: start_percent/end_percent need the model's model_sampling.percent_to_sigma, which the "
+            f"{model_type_name(patcher)} model lacks; use start_percent=0 and end_percent=1."
+        )
+    return SigmaWindow(high=float(to_sigma(config.start_percent)), low=float(to_sigma(config.end_percent)))
+
+
+def _step_sigma(extra_options: dict) -> Optional[float]:
+    sigmas = extra_options.get("sigmas")
+    if sigmas is None:
+        return None
+    if isinstance(sigmas, torch.Tensor):
+        return float(sigmas.detach().max())
+    return float(max(sigmas)) if isinstance(sigmas, (list, tuple)) else float(sigmas)
+
+
+def _latent_hw(extra_options: dict) -> Optional[Tuple[int, int]]:
+    shape = extra_options.get("original_shape")
+    if shape is None or len(shape) < 4:
+        return None
+    return int(shape[-2]), int(shape[-1])
+
+
+def _same_tokens(a: Optional[torch.Tensor], n: torch.Tensor) -> bool:
+    return isinstance(a, torch.Tensor) and a.dim() == 3 and a.shape[:2] == n.shape[:2]
+
+
+@dataclass
+class ComfyPatches:
+    """The patch callables for one patched model; attn2/attn2_output are None unless merge_crossattn."""
+
+    attn1: Callable
+    attn1_output: Callable
+    attn2: Optional[Callable] = None
+    attn2_output: Optional[Callable] = None
+
+
+def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow = SigmaWindow()) -> ComfyPatches:
+    """Build the attention patches for one model; all state lives in these closures.
+
+    One ``TokenMerger`` serves every block, so blocks of a level and cond/uncond chunks evaluated
+    at the same sigma share one random partition (the sigma is the merger's step key).
+    """
+    merger = TokenMerger(config, base_downsample)
+
+    def plan_for(n: torch.Tensor, extra_options: dict) -> TokenPlan:
+        shape = extra_options.get("original_shape")
+        hw = _latent_hw(extra_options)
+        sigma = _step_sigma(extra_options)
+        if hw is None or n.dim() != 3 or n.shape[0] != shape[0]:
+            return IDENTITY_PLAN  # no latent size, or an earlier patch regrouped the tokens (HyperTile)
+        if sigma is not None and not window.contains(sigma):
+            return IDENTITY_PLAN
+        return merger.plan(n, hw, step_key=0.0 if sigma is None else sigma)
+
+    def slot_patches(kind: str) -> Tuple[Callable, Callable]:
+        # The plan of the block being evaluated and the [B, N'] its attention output must have,
+        # handed from ``before`` to ``after`` (called back to back by the same block).
+        pending: list = [IDENTITY_PLAN, None]
+        claim = f"tome_{kind}_merged"
+
+        def before(n, context, value, extra_options):
+            # extra_options is made afresh for each block call and shared by its patches: an earlier
+            # ToMe patch (a second ToMe node upstream) marks the block so that only the first one acts.
+            plan = IDENTITY_PLAN if extra_options.get(claim) else plan_for(n, extra_options)
+            pending[:] = [plan, None]
+            if not plan.active:
+                return n, context, value
+            extra_options[claim] = True
+            if kind == "attn1" and config.mode == "kv":
+                context = plan.reduce_kv(context) if _same_tokens(context, n) else context
+                value = plan.reduce_kv(value) if _same_tokens(value, n) else value
+                return n, context, value
+            if kind == "attn1":
+                context = plan.merge(context) if _same_tokens(context, n) else context
+                value = plan.merge(value) if _same_tokens(value, n) else value
+            merged = plan.merge(n)  # attn2: only the queries are image tokens
+            pending[1] = tuple(merged.shape[:2])
+            return merged, context, value
+
+        def after(out, extra_options):
+            (plan, expected), pending[:] = pending, [IDENTITY_PLAN, None]
+            if expected is not None and tuple(out.shape[:2]) != expected:
+                raise RuntimeError(
+                    f"ToMe: the {kind} output has shape {tuple(out.shape)} but ToMe merged the tokens to "
+                    f"{expected}: an attention patch registered after ToMe regroups tokens (e.g. HyperTile). "
+                    "Apply ToMe after that node, or not on the same UNet level."
+                )
+            return plan.unmerge(out)
+
+        before.__name__, after.__name__ = f"tome_{kind}_patch", f"tome_{kind}_output_patch"
+        return before, after
+
+    attn1, attn1_output = slot_patches("attn1")
+    patches = ComfyPatches(attn1=attn1, attn1_output=attn1_output)
+    if config.merge_crossattn and config.mode == "merge":
+        patches.attn2, patches.attn2_output = slot_patches("attn2")
+    return patches
+
+
+def patch_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
+    """Return a clone of ``patcher`` with ToMe registered; ``patcher`` itself is never changed.
+
+    config.merge_mlp has no patch point in ComfyUI's transformer block and is refused here.
+    Raises UnsupportedModelError (a TypeError) naming the model type for non-UNet models.
+    """
+    missing = [name for name in _REQUIRED_METHODS if not callable(getattr(patcher, name, None))]
+    if missing:
+        raise TypeError(
+            f"ToMe: expected a ComfyUI/Forge ModelPatcher with {', '.join(_REQUIRED_METHODS)}; "
+            f"a {type(patcher).__name__} lacks {', '.join(missing)}."
+        )
+    if config.merge_mlp:
+        raise ValueError("ToMe: merge_mlp is not available through ModelPatcher (no patch point around the "
+                         "feed-forward); set merge_mlp=False.")
+    base = base_downsample_of(patcher)
+    window = sigma_window(patcher, config)
+    clone = patcher.clone()
+    if not config.enabled:
+        return clone
+    patches = make_patches(config, base, window)
+    if config.merge_attn or config.mode == "kv":
+        clone.set_model_attn1_patch(patches.attn1)
+        clone.set_model_attn1_output_patch(patches.attn1_output)
+    if patches.attn2 is not None:
+        clone.set_model_attn2_patch(patches.attn2)
+        clone.set_model_attn2_output_patch(patches.attn2_output)
+    return clone

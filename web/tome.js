@@ -1,0 +1,96 @@
+// ComfyUI frontend extension for tome's ToMe nodes: draws on the node the token reduction per
+// UNet level for the latent size the node's model is sampled at. Canvas text only (no HTML is
+// built), no network calls; values come from the node's widgets, the graph and the last run.
+import { app } from "../../scripts/app.js";
+import { NODE_IDS, describeLevels } from "./tome_levels.js";
+
+const LINE_HEIGHT = 14;
+const MAX_HOPS = 12;
+const SETTINGS = ["ratio", "max_downsample", "sx", "sy", "mode", "min_tokens", "start_percent", "end_percent"];
+
+function linkById(graph, id) {
+  const links = graph?.links;
+  if (!links) return undefined;
+  return typeof links.get === "function" ? links.get(id) : links[id];
+}
+
+function widgetValue(node, name) {
+  const widget = node?.widgets?.find((w) => w.name === name);
+  return widget ? widget.value : undefined;
+}
+
+// Follow the MODEL output through other model patches to a sampler, then to its empty latent.
+export function findLatentSize(node, graph) {
+  const queue = [[node, 0]];
+  const seen = new Set();
+  while (queue.length) {
+    const [current, hops] = queue.shift();
+    if (!current || seen.has(current.id) || hops > MAX_HOPS) continue;
+    seen.add(current.id);
+    const latentInput = current.inputs?.find((input) => input.name === "latent_image");
+    if (latentInput && latentInput.link != null) {
+      const origin = graph.getNodeById(linkById(graph, latentInput.link)?.origin_id);
+      const width = Number(widgetValue(origin, "width"));
+      const height = Number(widgetValue(origin, "height"));
+      if (width > 0 && height > 0) return { width, height };
+    }
+    for (const output of current.outputs ?? []) {
+      if (output.type !== "MODEL") continue;
+      for (const id of output.links ?? []) {
+        queue.push([graph.getNodeById(linkById(graph, id)?.target_id), hops + 1]);
+      }
+    }
+  }
+  return null;
+}
+
+export function infoLines(node, graph) {
+  const settings = {};
+  for (const name of SETTINGS) {
+    const value = widgetValue(node, name);
+    if (value !== undefined) settings[name] = value;
+  }
+  const lastRun = node.tomeLastRun;
+  const base = lastRun?.base_downsample ?? 1;
+  const size = findLatentSize(node, graph);
+  const width = size?.width ?? 512;
+  const height = size?.height ?? 512;
+  const head = [
+    `${width}x${height}${size ? "" : " (no latent found, assumed)"}`,
+    lastRun ? `${lastRun.model_type}: first attention level ${base}x` : "first attention level 1x (SDXL: 2x)",
+  ];
+  return [head.join(", "), ...describeLevels(width, height, settings, base)];
+}
+
+export const extension = {
+  name: "tome.ToMe.levels",
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (!NODE_IDS.includes(nodeData?.name)) return;
+    const onExecuted = nodeType.prototype.onExecuted;
+    nodeType.prototype.onExecuted = function (message) {
+      onExecuted?.apply(this, arguments);
+      const info = message?.tome?.[0];
+      if (info && typeof info === "object") {
+        this.tomeLastRun = { base_downsample: Number(info.base_downsample) || 1, model_type: String(info.model_type) };
+      }
+      this.setDirtyCanvas?.(true, false);
+    };
+    const onDrawForeground = nodeType.prototype.onDrawForeground;
+    nodeType.prototype.onDrawForeground = function (ctx) {
+      onDrawForeground?.apply(this, arguments);
+      if (this.flags?.collapsed) return;
+      const lines = infoLines(this, this.graph ?? app.graph);
+      const top = (this.computeSize?.()[1] ?? this.size[1]) - 4;
+      const needed = top + lines.length * LINE_HEIGHT + 6;
+      if (this.size[1] < needed) this.size[1] = needed;
+      ctx.save();
+      ctx.font = "11px sans-serif";
+      ctx.fillStyle = "#9ab";
+      ctx.textAlign = "left";
+      lines.forEach((line, i) => ctx.fillText(line, 10, top + (i + 1) * LINE_HEIGHT));
+      ctx.restore();
+    };
+  },
+};
+
+app.registerExtension(extension);

@@ -1,0 +1,76 @@
+// Token counts per UNet attention level for a ToMe setting: a mirror of tome_core's planning
+// (tome_core/plan.py, merge.py, levels.py) for display only. Pure functions, no DOM, no network.
+
+export const NODE_IDS = ["TomeCoreToMe", "TomeCoreToMeAdvanced"];
+
+export const DEFAULTS = Object.freeze({
+  ratio: 0.5, max_downsample: 1, sx: 2, sy: 2, mode: "merge", min_tokens: 0,
+  start_percent: 0, end_percent: 1, merge_crossattn: false, use_rand: true,
+});
+
+// The (py, px) key/value pooling window of mode "kv" (tome_core.merge.kv_pool_window).
+export function kvPoolWindow(ratio, sx, sy) {
+  const budget = 1 / (1 - ratio) + 1e-9;
+  let best = [1, 1];
+  const better = (a, b) => {
+    const ka = [a[0] * a[1], -Math.abs(a[0] - a[1]), a[1]];
+    const kb = [b[0] * b[1], -Math.abs(b[0] - b[1]), b[1]];
+    for (let i = 0; i < 3; i++) if (ka[i] !== kb[i]) return ka[i] > kb[i];
+    return false;
+  };
+  for (let py = 1; py <= sy; py++) {
+    for (let px = 1; px <= sx; px++) {
+      if (py * px <= budget && better([py, px], best)) best = [py, px];
+    }
+  }
+  return best;
+}
+
+// One row per attention level, from the model's first attention level (baseDownsample) to 8x.
+// width/height: image size in pixels (latent = /8); settings: the node's widget values.
+export function tokenLevels(width, height, settings, baseDownsample = 1) {
+  const s = { ...DEFAULTS, ...settings };
+  const latentH = Math.ceil(height / 8);
+  const latentW = Math.ceil(width / 8);
+  const rows = [];
+  for (let downsample = baseDownsample; downsample <= 8; downsample *= 2) {
+    const h = Math.ceil(latentH / downsample);
+    const w = Math.ceil(latentW / downsample);
+    const tokens = h * w;
+    let kept = tokens;
+    let keys = tokens;
+    const selected = downsample <= s.max_downsample * baseDownsample && tokens >= s.min_tokens && s.ratio > 0;
+    if (selected && s.mode === "kv") {
+      const [py, px] = kvPoolWindow(s.ratio, s.sx, s.sy);
+      keys = Math.ceil(h / py) * Math.ceil(w / px);
+    } else if (selected) {
+      const sources = tokens - Math.floor(h / s.sy) * Math.floor(w / s.sx);
+      kept = tokens - Math.max(0, Math.min(Math.floor(tokens * s.ratio), sources));
+      keys = kept;
+    }
+    rows.push({ downsample, h, w, tokens, kept, keys, active: kept < tokens || keys < tokens });
+  }
+  return rows;
+}
+
+// Short lines for the node's face: one per level, e.g. "1x 64x64: 4096 -> 2048 tokens (-50%)".
+export function describeLevels(width, height, settings, baseDownsample = 1) {
+  const s = { ...DEFAULTS, ...settings };
+  const lines = [];
+  for (const row of tokenLevels(width, height, s, baseDownsample)) {
+    const grid = `${row.downsample}x ${row.w}x${row.h}`;
+    if (!row.active) {
+      lines.push(`${grid}: ${row.tokens} tokens, unchanged`);
+    } else if (s.mode === "kv") {
+      const cut = Math.round(100 * (1 - row.keys / row.tokens));
+      lines.push(`${grid}: ${row.tokens} queries, keys/values ${row.tokens} -> ${row.keys} (-${cut}%)`);
+    } else {
+      const cut = Math.round(100 * (1 - row.kept / row.tokens));
+      lines.push(`${grid}: ${row.tokens} -> ${row.kept} tokens (-${cut}%)`);
+    }
+  }
+  if (s.start_percent > 0 || s.end_percent < 1) {
+    lines.push(`on from ${Math.round(s.start_percent * 100)}% to ${Math.round(s.end_percent * 100)}% of sampling`);
+  }
+  return lines;
+}
