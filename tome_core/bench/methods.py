@@ -1,0 +1,75 @@
+"""The methods the benchmark compares: vanilla, this project's modes, and tomesd.
+
+Each variant is applied right before its forward and removed right after, so every variant
+runs on the same UNet object and the comparison is interleaved.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+METHODS = ("vanilla", "merge", "kv", "tomesd")
+# what each method name means, for the report
+DESCRIPTIONS = {
+    "vanilla": "unpatched UNet",
+    "merge": "tome_core.apply_patch(mode='merge')",
+    "kv": "tome_core.apply_patch(mode='kv')",
+    "tomesd": "tomesd.apply_patch (reference package)",
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the comparison: a method at a ratio (vanilla has ratio 0)."""
+
+    method: str
+    ratio: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return "vanilla" if self.method == "vanilla" else f"{self.method} r={self.ratio:g}"
+
+
+def availability(method: str) -> str | None:
+    """None when ``method`` can run here, else the reason it cannot."""
+    if method not in METHODS:
+        return f"unknown method {method!r}; choose from {', '.join(METHODS)}"
+    if method == "vanilla":
+        return None
+    if method == "tomesd":
+        try:
+            importlib.import_module("tomesd")
+        except ImportError:
+            return "tomesd is not installed (pip install tomesd)"
+        return None
+    tome_core = importlib.import_module("tome_core")
+    if not callable(getattr(tome_core, "apply_patch", None)):
+        return "tome_core.apply_patch is not available in this checkout"
+    return None
+
+
+@contextlib.contextmanager
+def patched(unet: torch.nn.Module, variant: Variant, **options) -> Iterator[torch.nn.Module]:
+    """Apply ``variant`` to ``unet`` for the duration of the block; always removes it again.
+
+    options: extra keyword arguments shared by both packages' ``apply_patch`` (e.g.
+    ``max_downsample``, ``use_rand``); ``seed`` is passed to tome_core only.
+    """
+    if variant.method == "vanilla":
+        yield unet
+        return
+    if variant.method == "tomesd":
+        pkg = importlib.import_module("tomesd")
+        options = {k: v for k, v in options.items() if k != "seed"}
+        pkg.apply_patch(unet, ratio=variant.ratio, **options)
+    else:
+        pkg = importlib.import_module("tome_core")
+        pkg.apply_patch(unet, ratio=variant.ratio, mode=variant.method, **options)
+    try:
+        yield unet
+    finally:
+        pkg.remove_patch(unet)

@@ -1,0 +1,113 @@
+"""Where the time of one UNet forward goes, per variant (``--profile``).
+
+Time is grouped by module scope, marked with ``torch.profiler.record_function`` from forward
+hooks: self-attention (``attn1``), cross-attention (``attn2``) and MLP (``ff``) cover only
+those modules' own ``forward``; "block other" is the rest of each transformer block — norms,
+residual adds and any token merging/unmerging or key/value pooling a patch does in its hooks or
+block forward; "rest of UNet" is everything outside transformer blocks (resnets, convs,
+up/downsampling, projections in and out of the transformer).
+"""
+from __future__ import annotations
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from . import measure
+from .methods import Variant, patched
+
+_PREFIX = "bench::"
+_CHILDREN = {"attn1": "self_attention", "attn2": "cross_attention", "ff": "mlp"}
+GROUPS = ("self_attention", "cross_attention", "mlp", "block_other", "rest_of_unet")
+
+
+def _is_block(module: torch.nn.Module) -> bool:
+    return all(hasattr(module, c) for c in ("attn1", "attn2", "ff"))
+
+
+def _add_scope(module, name: str, outer: bool, handles: list, sync) -> None:
+    """Open a profiler range around ``module``'s call.
+
+    outer=True: the range encloses other hooks on the module (a patch's own hooks fall inside);
+    outer=False: it encloses only ``forward`` (a patch's hooks fall outside).
+    sync: called at both ends, so on CUDA a range's CPU time includes its kernels.
+    """
+    stack = []
+
+    def pre(mod, args):
+        sync()
+        rf = record_function(_PREFIX + name)
+        rf.__enter__()
+        stack.append(rf)
+
+    def post(mod, args, out):
+        sync()
+        stack.pop().__exit__(None, None, None)
+
+    handles.append(module.register_forward_pre_hook(pre, prepend=outer))
+    handles.append(module.register_forward_hook(post, prepend=not outer))
+
+
+def _scoped_forward(unet, inputs: measure.Inputs):
+    device = inputs.sample.device
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    handles: list = []
+    for module in unet.modules():
+        if _is_block(module):
+            _add_scope(module, "block", True, handles, sync)
+            for child, group in _CHILDREN.items():
+                if getattr(module, child) is not None:  # e.g. no attn2 in some blocks
+                    _add_scope(getattr(module, child), group, False, handles, sync)
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with record_function(_PREFIX + "unet"):
+                measure.forward(unet, inputs)
+                sync()
+    finally:
+        for h in handles:
+            h.remove()
+    return prof
+
+
+def profile_variant(unet, inputs: measure.Inputs, variant: Variant, options: dict,
+                    top: int = 10) -> dict:
+    """Profile one forward of ``variant``: ms per group and the ``top`` ops by self time.
+
+    Meant to run after the benchmark has warmed up these shapes (as ``runner.profile_case``
+    does), so no extra warm-up forward is spent here.
+    """
+    with patched(unet, variant, **options):
+        prof = _scoped_forward(unet, inputs)
+    events = prof.key_averages()
+    total = {e.key[len(_PREFIX):]: e.cpu_time_total / 1000 for e in events
+             if e.key.startswith(_PREFIX)}
+    groups = {g: total.get(g, 0.0) for g in ("self_attention", "cross_attention", "mlp")}
+    groups["block_other"] = total.get("block", 0.0) - sum(groups.values())
+    groups["rest_of_unet"] = total.get("unet", 0.0) - total.get("block", 0.0)
+    ops = sorted((e for e in events if not e.key.startswith(_PREFIX)),
+                 key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return {
+        "label": variant.label,
+        "total_ms": total.get("unet", 0.0),
+        "groups_ms": groups,
+        "top_ops": [{"op": e.key, "self_ms": e.self_cpu_time_total / 1000, "calls": e.count}
+                    for e in ops],
+    }
+
+
+def format_profile(profiles: list[dict]) -> str:
+    """Grouped table (ms and % of the forward) for all variants, then top ops per variant."""
+    lines = ["time per group, ms (% of forward); profiled, so slower than the timed runs"]
+    head = ["group"] + [p["label"] for p in profiles]
+    rows = [head]
+    for g in GROUPS:
+        rows.append([g] + [f"{p['groups_ms'][g]:.0f} ({p['groups_ms'][g] / p['total_ms']:.0%})"
+                           if p["total_ms"] else "-" for p in profiles])
+    rows.append(["total"] + [f"{p['total_ms']:.0f}" for p in profiles])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                        enumerate(zip(r, widths))) for r in rows]
+    for p in profiles:
+        lines.append(f"\ntop ops by self time: {p['label']}")
+        for op in p["top_ops"]:
+            lines.append(f"  {op['self_ms']:9.1f} ms  {op['calls']:5d}x  {op['op']}")
+    return "\n".join(lines)
