@@ -94,7 +94,8 @@ def sigma_window(patcher: Any, config: ToMeConfig) -> SigmaWindow:
     """Convert config.start/end_percent to sigmas with the model's ``model_sampling``."""
     if config.start_percent <= 0.0 and config.end_percent >= 1.0:
         return SigmaWindow()
-    sampling = _model_object(patcher, "model_sampling")
+    # ComfyUI and reForge: model.model_sampling; Forge (backend/, 2024-08 on): model.predictor.
+    sampling = _model_object(patcher, "model_sampling") or _model_object(patcher, "predictor")
     to_sigma = getattr(sampling, "percent_to_sigma", None)
     if not callable(to_sigma):
         raise UnsupportedModelError(

@@ -36,8 +36,9 @@ class BenchConfig:
     skipped: dict = field(default_factory=dict)  # method -> reason, filled by ``resolve``
 
     def __post_init__(self) -> None:
+        method_names = tuple(m.split("@")[0] for m in self.methods)
         for name, given, allowed in (("families", self.families, FAMILIES),
-                                     ("methods", self.methods, METHODS)):
+                                     ("methods", method_names, METHODS)):
             bad = [x for x in given if x not in allowed]
             if bad or not given:
                 raise ValueError(f"{name}: unknown or empty {bad or given}; "
@@ -52,14 +53,16 @@ class BenchConfig:
     def resolve(self) -> list[Variant]:
         """The variants to run (vanilla first); records unavailable methods in ``skipped``."""
         variants = [Variant("vanilla")]
-        for method in self.methods:
+        for entry in self.methods:
+            method, _, fixed_ratio = entry.partition("@")  # "kv@0.75": that method at that ratio only
             if method == "vanilla":
                 continue
             reason = availability(method)
             if reason:
                 self.skipped[method] = reason
                 continue
-            variants += [Variant(method, r) for r in self.ratios]
+            ratios = (float(fixed_ratio),) if fixed_ratio else self.ratios
+            variants += [Variant(method, r) for r in ratios if Variant(method, r) not in variants]
         return variants
 
     def as_dict(self) -> dict:

