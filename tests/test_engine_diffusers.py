@@ -22,20 +22,21 @@ from conftest import REPO_ROOT, hook_count, relative_error, unet_output
 PARITY_RTOL = 1e-5
 
 
-def _tomesd_output(unet, inputs, **kwargs):
-    tomesd.apply_patch(unet, **kwargs)
+def _patched_output(package, unet, inputs, **kwargs):
+    """The UNet's output with ``package`` (tomesd or tome_core) applied; the patch is removed after."""
+    package.apply_patch(unet, **kwargs)
     try:
         return unet_output(unet, inputs)
     finally:
-        tomesd.remove_patch(unet)
+        package.remove_patch(unet)
+
+
+def _tomesd_output(unet, inputs, **kwargs):
+    return _patched_output(tomesd, unet, inputs, **kwargs)
 
 
 def _our_output(unet, inputs, **kwargs):
-    tome_core.apply_patch(unet, **kwargs)
-    try:
-        return unet_output(unet, inputs)
-    finally:
-        tome_core.remove_patch(unet)
+    return _patched_output(tome_core, unet, inputs, **kwargs)
 
 
 def test_ratio_zero_is_bit_identical(sd15_unet, sd15_inputs):
