@@ -46,7 +46,7 @@ ADVANCED_INPUTS = {
     "mode": (["merge", "kv"], {"default": "merge", "tooltip":
                                "merge: tomesd's method, self-attention runs on merged tokens and the result is "
                                "copied back. kv: every token keeps its own query, only keys/values are pooled "
-                               "(gentler on detail; pooling starts at ratio 0.5)."}),
+                               "(gentler on detail; the pooling window is the one closest to ratio: 0.5 -> 1x2, 0.75 -> 2x2, 0.88 with sx=sy=3 -> 3x3)."}),
     "merge_crossattn": ("BOOLEAN", {"default": False, "tooltip":
                                     "Also merge the image tokens entering cross-attention (mode merge only). "
                                     "Little extra speed, visible quality cost; off is recommended."}),

@@ -169,3 +169,13 @@ def test_peak_memory_counts_tensor_allocations_during_the_call():
     peak, out = peak_memory(fn, torch.device("cpu"))
     assert out.item() == 2 * 1024 * 1024
     assert 8 * 2**20 <= peak < 9 * 2**20
+
+
+def test_variant_specs_set_ratio_and_cell():
+    from tome_core.bench.methods import Variant
+
+    assert Variant.parse("kv", (0.5, 0.75)) == [Variant("kv", 0.5), Variant("kv", 0.75)]
+    assert Variant.parse("kv@0.88:3x3", (0.5,)) == [Variant("kv", 0.88, (3, 3))]
+    assert Variant.parse("kv@0.88:3x3", (0.5,))[0].label == "kv r=0.88 3x3"
+    with pytest.raises(ValueError, match="use SXxSY"):
+        Variant.parse("kv@0.5:3", (0.5,))

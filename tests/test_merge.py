@@ -61,9 +61,10 @@ def test_grid_for_tokens_finds_the_level(tokens, latent, expected):
     assert grid_for_tokens(tokens, *latent) == expected
 
 
-def test_kv_window_never_removes_more_than_ratio():
-    assert [kv_pool_window(r, 2, 2) for r in (0.0, 0.3, 0.5, 0.7, 0.75)] == [(1, 1), (1, 1), (1, 2), (1, 2), (2, 2)]
-    assert kv_pool_window(0.85, 3, 3) == (2, 3)
+def test_kv_window_is_the_one_closest_to_ratio():
+    assert [kv_pool_window(r, 2, 2) for r in (0.0, 0.25, 0.3, 0.5, 0.7, 0.75)] == [
+        (1, 1), (1, 1), (1, 2), (1, 2), (2, 2), (2, 2)]
+    assert [kv_pool_window(r, 3, 3) for r in (0.6, 0.85, 0.88)] == [(1, 3), (2, 3), (3, 3)]
 
 
 def test_pool_tokens_averages_partial_border_windows_over_what_they_cover():

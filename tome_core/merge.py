@@ -12,6 +12,7 @@ picked with ``topk`` instead of a full sort, merging is one ``scatter_add_`` and
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
@@ -130,14 +131,16 @@ def bipartite_soft_matching(metric: torch.Tensor, partition: Partition, r: int) 
 
 
 def kv_pool_window(ratio: float, sx: int, sy: int) -> Tuple[int, int]:
-    """The (py, px) pooling window for keys/values that removes at most ``ratio`` of them.
+    """The (py, px) window, within sy x sx, that pools keys/values closest to ``ratio``.
 
-    Picks the largest window area <= 1 / (1 - ratio) within sy x sx, preferring square windows:
-    ratio 0.5 -> (1, 2) (half the keys), 0.75 -> (2, 2) (a quarter), below 0.5 -> (1, 1) (off).
+    Chooses the window area py*px closest in log scale to 1 / (1 - ratio) (ties: the smaller area,
+    then the squarer window): with 2x2 cells ratio 0.5 -> (1, 2), 0.7-0.75 -> (2, 2), below ~0.29
+    -> (1, 1) (off); with 3x3 cells ratio 0.85 -> (2, 3), 0.88 -> (3, 3).
     """
-    budget = 1.0 / (1.0 - ratio) + 1e-9
-    windows = [(py, px) for py in range(1, sy + 1) for px in range(1, sx + 1) if py * px <= budget]
-    return max(windows, key=lambda pw: (pw[0] * pw[1], -abs(pw[0] - pw[1]), pw[1]))
+    target = math.log(1.0 / (1.0 - ratio))
+    windows = [(py, px) for py in range(1, sy + 1) for px in range(1, sx + 1)]
+    return min(windows, key=lambda pw: (round(abs(math.log(pw[0] * pw[1]) - target), 9), pw[0] * pw[1],
+                                        abs(pw[0] - pw[1]), -pw[1]))
 
 
 def pool_tokens(x: torch.Tensor, h: int, w: int, window: Tuple[int, int]) -> torch.Tensor:

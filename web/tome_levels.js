@@ -8,19 +8,17 @@ export const DEFAULTS = Object.freeze({
   start_percent: 0, end_percent: 1, merge_crossattn: false, use_rand: true,
 });
 
-// The (py, px) key/value pooling window of mode "kv" (tome_core.merge.kv_pool_window).
+// The (py, px) key/value pooling window of mode "kv" (tome_core.merge.kv_pool_window): the area
+// closest in log scale to 1 / (1 - ratio); ties go to the smaller area, then the squarer window.
 export function kvPoolWindow(ratio, sx, sy) {
-  const budget = 1 / (1 - ratio) + 1e-9;
+  const target = Math.log(1 / (1 - ratio));
+  const key = ([py, px]) => [Math.round(Math.abs(Math.log(py * px) - target) * 1e9), py * px, Math.abs(py - px), -px];
   let best = [1, 1];
-  const better = (a, b) => {
-    const ka = [a[0] * a[1], -Math.abs(a[0] - a[1]), a[1]];
-    const kb = [b[0] * b[1], -Math.abs(b[0] - b[1]), b[1]];
-    for (let i = 0; i < 3; i++) if (ka[i] !== kb[i]) return ka[i] > kb[i];
-    return false;
-  };
   for (let py = 1; py <= sy; py++) {
     for (let px = 1; px <= sx; px++) {
-      if (py * px <= budget && better([py, px], best)) best = [py, px];
+      const [ka, kb] = [key([py, px]), key(best)];
+      const i = ka.findIndex((v, j) => v !== kb[j]);
+      if (i >= 0 && ka[i] < kb[i]) best = [py, px];
     }
   }
   return best;

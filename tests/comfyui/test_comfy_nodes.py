@@ -267,6 +267,9 @@ def test_web_token_counts_match_the_engine():
         dict(width=1024, height=768, base=2, s=dict(ratio=0.6, max_downsample=1, sx=3, sy=2)),
         dict(width=520, height=392, base=1, s=dict(ratio=0.75, mode="kv", max_downsample=4)),
         dict(width=512, height=512, base=1, s=dict(ratio=0.4, min_tokens=2000, max_downsample=8)),
+        dict(width=1024, height=1024, base=2, s=dict(ratio=0.88, mode="kv", sx=3, sy=3, max_downsample=1)),
+        dict(width=768, height=512, base=1, s=dict(ratio=0.3, mode="kv", max_downsample=2)),
+        dict(width=768, height=512, base=1, s=dict(ratio=0.25, mode="kv", max_downsample=1)),
     ]
     script = (
         f"import {{ tokenLevels }} from {json.dumps((REPO / 'web' / 'tome_levels.js').as_uri())};\n"

@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", type=_csv(str), default=METHODS,
                    help=f"comma list from {', '.join(METHODS)} (default: all; "
                         f"unavailable ones are skipped); METHOD@RATIO runs that method at that ratio "
-                        f"only, e.g. kv@0.75. {methods}")
+                        f"only, e.g. kv@0.75, and METHOD@RATIO:SXxSY also sets its cell, e.g. kv@0.88:3x3. "
+                        f"{methods}")
     p.add_argument("--batch", type=int, default=2,
                    help="batch size; even = [uncond; cond] CFG halves (default: 2)")
     p.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default="bf16",

@@ -28,10 +28,24 @@ class Variant:
 
     method: str
     ratio: float = 0.0
+    cell: tuple[int, int] | None = None  # (sx, sy) of this variant; None = the run's default (2, 2)
 
     @property
     def label(self) -> str:
-        return "vanilla" if self.method == "vanilla" else f"{self.method} r={self.ratio:g}"
+        if self.method == "vanilla":
+            return "vanilla"
+        cell = f" {self.cell[0]}x{self.cell[1]}" if self.cell else ""
+        return f"{self.method} r={self.ratio:g}{cell}"
+
+    @classmethod
+    def parse(cls, entry: str, ratios: tuple[float, ...]) -> list["Variant"]:
+        """'kv' -> kv at every ratio; 'kv@0.75' -> at 0.75 only; 'kv@0.88:3x3' -> with sx=3, sy=3."""
+        spec, _, cell_text = entry.partition(":")
+        method, _, ratio_text = spec.partition("@")
+        cell = tuple(int(v) for v in cell_text.lower().split("x")) if cell_text else None
+        if cell is not None and len(cell) != 2:
+            raise ValueError(f"bad cell {cell_text!r} in {entry!r}: use SXxSY, e.g. kv@0.88:3x3")
+        return [cls(method, r, cell) for r in ((float(ratio_text),) if ratio_text else ratios)]
 
 
 def availability(method: str) -> str | None:
@@ -62,6 +76,8 @@ def patched(unet: torch.nn.Module, variant: Variant, **options) -> Iterator[torc
     if variant.method == "vanilla":
         yield unet
         return
+    if variant.cell is not None:
+        options = dict(options, sx=variant.cell[0], sy=variant.cell[1])
     if variant.method == "tomesd":
         pkg = importlib.import_module("tomesd")
         options = {k: v for k, v in options.items() if k != "seed"}

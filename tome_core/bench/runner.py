@@ -36,7 +36,7 @@ class BenchConfig:
     skipped: dict = field(default_factory=dict)  # method -> reason, filled by ``resolve``
 
     def __post_init__(self) -> None:
-        method_names = tuple(m.split("@")[0] for m in self.methods)
+        method_names = tuple(m.split(":")[0].split("@")[0] for m in self.methods)
         for name, given, allowed in (("families", self.families, FAMILIES),
                                      ("methods", method_names, METHODS)):
             bad = [x for x in given if x not in allowed]
@@ -53,16 +53,15 @@ class BenchConfig:
     def resolve(self) -> list[Variant]:
         """The variants to run (vanilla first); records unavailable methods in ``skipped``."""
         variants = [Variant("vanilla")]
-        for entry in self.methods:
-            method, _, fixed_ratio = entry.partition("@")  # "kv@0.75": that method at that ratio only
+        for entry in self.methods:  # "kv", "kv@0.75" (that ratio only), "kv@0.88:3x3" (and sx=3, sy=3)
+            method = entry.split(":")[0].split("@")[0]
             if method == "vanilla":
                 continue
             reason = availability(method)
             if reason:
                 self.skipped[method] = reason
                 continue
-            ratios = (float(fixed_ratio),) if fixed_ratio else self.ratios
-            variants += [Variant(method, r) for r in ratios if Variant(method, r) not in variants]
+            variants += [v for v in Variant.parse(entry, self.ratios) if v not in variants]
         return variants
 
     def as_dict(self) -> dict:
