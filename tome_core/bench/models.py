@@ -9,6 +9,7 @@ diffusers is imported lazily: ``import tome_core.bench`` works without it.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from typing import Iterator
 
 import torch
@@ -65,13 +66,12 @@ _TINY = {
 
 
 def _import_diffusers():
-    try:
-        import diffusers
+    try:  # imported on use only: tome_core itself never depends on a host package
+        return importlib.import_module("diffusers")
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
             "the benchmark builds diffusers UNets; install diffusers first: pip install diffusers"
         ) from e
-    return diffusers
 
 
 def unet_config(family: str, scale: str = "full") -> dict:
