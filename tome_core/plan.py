@@ -57,6 +57,8 @@ class TokenMerger:
         self.base_downsample = base_downsample
         self._partitions: Dict[Tuple, Partition] = {}
         self._warned_grid = False
+        # The config is frozen, so mode "kv"'s pooling window is the same for every block and step.
+        self._kv_window = kv_pool_window(config.ratio, config.sx, config.sy)
 
     def plan(self, hidden: torch.Tensor, latent_hw: Tuple[int, int], step_key: float = 0.0,
              progress: Optional[float] = None) -> TokenPlan:
@@ -78,7 +80,7 @@ class TokenMerger:
         if downsample > config.max_downsample * self.base_downsample:
             return IDENTITY_PLAN
         if config.mode == "kv":
-            window = kv_pool_window(config.ratio, config.sx, config.sy)
+            window = self._kv_window
             if window == (1, 1):
                 return IDENTITY_PLAN
             return TokenPlan(active=True, reduce_kv=lambda x: pool_tokens(x, h, w, window))
