@@ -45,8 +45,8 @@ ADVANCED_INPUTS = {
                           "seed gives the same image every run."}),
     "mode": (["merge", "kv"], {"default": "merge", "tooltip":
                                "merge: tomesd's method, self-attention runs on merged tokens and the result is "
-                               "copied back. kv: every token keeps its own query, only keys/values are pooled "
-                               "(gentler on detail; the pooling window is the one closest to ratio: 0.5 -> 1x2, 0.75 -> 2x2, 0.88 with sx=sy=3 -> 3x3)."}),
+                               "copied back. kv: every token keeps its own query, only keys/values are downsampled "
+                               "to one token per window (gentler on detail; the window is the one closest to ratio: 0.5 -> 1x2, 0.75 -> 2x2, 0.88 with sx=sy=3 -> 3x3)."}),
     "merge_crossattn": ("BOOLEAN", {"default": False, "tooltip":
                                     "Also merge the image tokens entering cross-attention (mode merge only). "
                                     "Little extra speed, visible quality cost; off is recommended."}),

@@ -130,8 +130,8 @@ def test_any_size_batch_and_dtype(sd15_unet, px, batch, dtype):
     sample, timestep, context, added = make_inputs(unet, "sd15", batch=batch, height_px=px[0], width_px=px[1], seed=4)
     inputs = (sample.to(dtype), timestep, context.to(dtype), added)
     vanilla = unet_output(unet, inputs)
-    for mode in ("merge", "kv"):
-        tome_core.apply_patch(unet, ratio=0.5, max_downsample=2, mode=mode)
+    for mode, kv_downsample in (("merge", "nearest"), ("kv", "nearest"), ("kv", "avg")):
+        tome_core.apply_patch(unet, ratio=0.5, max_downsample=2, mode=mode, kv_downsample=kv_downsample)
         out = unet_output(unet, inputs)
         tome_core.remove_patch(unet)
         assert out.shape == vanilla.shape == sample.shape
@@ -229,6 +229,28 @@ def test_kv_mode_keeps_every_query(sd15_unet, sd15_inputs):
     assert queries[1] == 1024 and keys[1] == 256  # 32x32 tokens, keys/values pooled 2x2
 
 
+@pytest.mark.parametrize("kv_downsample", ["nearest", "avg"])
+def test_kv_keys_values_are_real_tokens_or_window_averages(sd15_unet, sd15_inputs, kv_downsample):
+    """nearest: every key/value source is one of the block's own tokens (ToDo); avg: a 2x2 mean."""
+    received = []
+    attn = sd15_unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
+    tome_core.apply_patch(sd15_unet, ratio=0.75, mode="kv", kv_downsample=kv_downsample, seed=5)
+    handle = attn.register_forward_pre_hook(
+        lambda m, a, k: received.append((a[0].clone(), k["encoder_hidden_states"].clone())), with_kwargs=True)
+    unet_output(sd15_unet, sd15_inputs)
+    handle.remove()
+    tome_core.remove_patch(sd15_unet)
+    (hidden, context), = received
+    grid = hidden.view(hidden.shape[0], 32, 32, -1)
+    windows = grid.view(hidden.shape[0], 16, 2, 16, 2, -1).permute(0, 1, 3, 2, 4, 5).reshape(hidden.shape[0], 256, 4, -1)
+    if kv_downsample == "avg":
+        assert torch.allclose(context, windows.mean(2), atol=1e-6)
+    else:  # each pooled row equals exactly one token of its window, the same one in every batch row
+        match = (windows == context.unsqueeze(2)).all(-1)  # [B, 256, 4]
+        assert (match.sum(-1) >= 1).all()
+        assert torch.equal(match[0], match[-1])
+
+
 @pytest.mark.parametrize(
     "kwargs,error,message",
     [
@@ -241,6 +263,7 @@ def test_kv_mode_keeps_every_query(sd15_unet, sd15_inputs):
         (dict(max_downsample=3), ValueError, "max_downsample must be one of (1, 2, 4, 8), got 3"),
         (dict(mode="fast"), ValueError, "mode must be one of ('merge', 'kv')"),
         (dict(mode="kv", merge_mlp=True), ValueError, "mode='kv' only pools self-attention"),
+        (dict(mode="kv", kv_downsample="max"), ValueError, "kv_downsample must be one of ('nearest', 'avg')"),
         (dict(ratio="0.5"), TypeError, "ratio must be a finite number"),
         (dict(start_percent=0.8, end_percent=0.2), ValueError, "start_percent <= end_percent"),
     ],

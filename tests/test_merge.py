@@ -5,7 +5,8 @@ import pytest
 import torch
 from tomesd.merge import bipartite_soft_matching_random2d as tomesd_matching
 
-from tome_core import bipartite_soft_matching, grid_for_tokens, kv_pool_window, make_partition, pool_tokens
+from tome_core import (bipartite_soft_matching, grid_for_tokens, kv_pick_index, kv_pool_window, make_partition,
+                       pool_tokens)
 from tome_core.plan import partition_seed
 
 
@@ -71,6 +72,26 @@ def test_pool_tokens_averages_partial_border_windows_over_what_they_cover():
     x = torch.arange(15, dtype=torch.float32).view(1, 15, 1)  # 5x3 grid, values = raster index
     pooled = pool_tokens(x, 5, 3, (2, 2))
     assert pooled.flatten().tolist() == [2.0, 3.5, 8.0, 9.5, 12.5, 14.0]
+
+
+def test_kv_pick_index_takes_the_centre_of_each_window_border_windows_included():
+    # 5x3 grid, 2x2 windows: rows {0,1},{2,3},{4}; columns {0,1},{2}; centre = offset size // 2
+    assert kv_pick_index(5, 3, (2, 2)).tolist() == [4, 5, 10, 11, 13, 14]
+    assert kv_pick_index(6, 6, (3, 3)).tolist() == [7, 10, 25, 28]
+
+
+def test_kv_pick_index_with_random_choice_stays_inside_each_window():
+    h, w, (py, px) = 7, 10, (3, 3)
+    choice = torch.rand(2, 3, 4, generator=torch.Generator().manual_seed(0))
+    index = kv_pick_index(h, w, (py, px), choice)
+    rows, cols = index // w, index % w
+    window_row = torch.arange(3).repeat_interleave(4)
+    window_col = torch.arange(4).repeat(3)
+    assert torch.equal(rows // py, window_row) and torch.equal(cols // px, window_col)
+    assert (rows < h).all() and (cols < w).all()
+    extreme = kv_pick_index(h, w, (py, px), torch.full((2, 3, 4), 0.999999))
+    assert extreme.tolist()[-1] == 69  # the 1x1 bottom-right border window can only pick its token
+    assert len(set(index.tolist())) == 12 and not torch.equal(index, kv_pick_index(h, w, (py, px)))
 
 
 def test_partition_seed_depends_on_every_part_and_is_stable():

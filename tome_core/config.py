@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass
 
 MODES = ("merge", "kv")
+KV_DOWNSAMPLES = ("nearest", "avg")
 MAX_DOWNSAMPLES = (1, 2, 4, 8)
 
 
@@ -41,7 +42,9 @@ class ToMeConfig:
     use_rand: pick the destination inside each cell at random (seeded by ``seed`` and the step).
     merge_attn / merge_crossattn / merge_mlp: where tokens are merged (self-attention only is best);
         mode "kv" acts on self-attention only (merge_attn).
-    mode: "merge" (tomesd's merge/unmerge) or "kv" (keep every query, pool keys and values).
+    mode: "merge" (tomesd's merge/unmerge) or "kv" (keep every query, downsample keys and values).
+    kv_downsample: how mode "kv" downsamples: "nearest" (one token per window, ToDo's default and
+        the lower error in our measurements) or "avg" (the window's average).
     seed: seed of the partition's dedicated generator; the global RNG is never touched.
     start_percent, end_percent: the part of the sampling schedule (0 = first step, 1 = last)
         where ToMe is active.
@@ -57,6 +60,7 @@ class ToMeConfig:
     merge_crossattn: bool = False
     merge_mlp: bool = False
     mode: str = "merge"
+    kv_downsample: str = "nearest"
     seed: int = 0
     start_percent: float = 0.0
     end_percent: float = 1.0
@@ -80,6 +84,8 @@ class ToMeConfig:
             _require_bool(name, getattr(self, name))
         if self.mode not in MODES:
             raise ValueError(f"ToMe: mode must be one of {MODES}, got {self.mode!r}.")
+        if self.kv_downsample not in KV_DOWNSAMPLES:
+            raise ValueError(f"ToMe: kv_downsample must be one of {KV_DOWNSAMPLES}, got {self.kv_downsample!r}.")
         if self.mode == "kv" and (self.merge_crossattn or self.merge_mlp):
             raise ValueError(
                 "ToMe: mode='kv' only pools self-attention keys/values; set merge_crossattn=False and "

@@ -154,3 +154,29 @@ def pool_tokens(x: torch.Tensor, h: int, w: int, window: Tuple[int, int]) -> tor
     grid = x.transpose(1, 2).reshape(batch, channels, h, w)
     pooled = torch.nn.functional.avg_pool2d(grid, kernel_size=window, stride=window, ceil_mode=True)
     return pooled.flatten(2).transpose(1, 2)
+
+
+def kv_pick_index(h: int, w: int, window: Tuple[int, int], choice: Optional[torch.Tensor] = None,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    """Raster indices of one token per (py, px) window of an h x w grid: [ceil(h/py) * ceil(w/px)].
+
+    This is ToDo's nearest-neighbour downsampling of keys/values: a real token stands for its
+    window, so keys keep their magnitude (averaging shrinks them and flattens peaked attention).
+    choice: [2, ceil(h/py), ceil(w/px)] uniform draws in [0, 1) that place the pick (row, column)
+    inside each window, as tomesd's use_rand places destinations; None picks each window's centre.
+    Partial windows at the border pick among the tokens they cover.
+    """
+    py, px = window
+    rows_start = torch.arange(0, h, py)
+    cols_start = torch.arange(0, w, px)
+    rows_size = (h - rows_start).clamp(max=py)
+    cols_size = (w - cols_start).clamp(max=px)
+    if choice is None:
+        row_offset = (rows_size // 2).view(-1, 1).expand(len(rows_start), len(cols_start))
+        col_offset = (cols_size // 2).view(1, -1).expand(len(rows_start), len(cols_start))
+    else:
+        row_offset = (choice[0] * rows_size.view(-1, 1)).long()
+        col_offset = (choice[1] * cols_size.view(1, -1)).long()
+    rows = rows_start.view(-1, 1) + row_offset
+    cols = cols_start.view(1, -1) + col_offset
+    return (rows * w + cols).flatten().to(device)

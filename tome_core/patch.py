@@ -23,6 +23,7 @@ def apply_patch(
     merge_mlp: bool = False,
     *,
     mode: str = "merge",
+    kv_downsample: str = "nearest",
     seed: int = 0,
     start_percent: float = 0.0,
     end_percent: float = 1.0,
@@ -39,7 +40,7 @@ def apply_patch(
     """
     config = ToMeConfig(
         ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
-        merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, seed=seed,
+        merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, kv_downsample=kv_downsample, seed=seed,
         start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens,
     )
     unets = find_unets(model)

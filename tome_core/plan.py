@@ -17,7 +17,8 @@ import torch
 
 from .config import ToMeConfig
 from .levels import grid_for_tokens
-from .merge import Partition, TokenFn, bipartite_soft_matching, do_nothing, kv_pool_window, make_partition, pool_tokens
+from .merge import (Partition, TokenFn, bipartite_soft_matching, do_nothing, kv_pick_index, kv_pool_window,
+                    make_partition, pool_tokens)
 
 log = logging.getLogger("tome_core")
 
@@ -27,7 +28,7 @@ class TokenPlan:
     """What one block does to its tokens; every function is the identity where ToMe is off.
 
     merge: [B, N, C] -> [B, N', C] before attention; unmerge: back to [B, N, C] after it.
-    reduce_kv: [B, N, C] -> [B, N'', C], the pooled source of self-attention keys and values.
+    reduce_kv: [B, N, C] -> [B, N'', C], the downsampled source of self-attention keys and values.
     """
 
     active: bool = False
@@ -56,6 +57,7 @@ class TokenMerger:
         self.config = config
         self.base_downsample = base_downsample
         self._partitions: Dict[Tuple, Partition] = {}
+        self._kv_indices: Dict[Tuple, torch.Tensor] = {}
         self._warned_grid = False
         # The config is frozen, so mode "kv"'s pooling window is the same for every block and step.
         self._kv_window = kv_pool_window(config.ratio, config.sx, config.sy)
@@ -83,11 +85,30 @@ class TokenMerger:
             window = self._kv_window
             if window == (1, 1):
                 return IDENTITY_PLAN
-            return TokenPlan(active=True, reduce_kv=lambda x: pool_tokens(x, h, w, window))
+            if config.kv_downsample == "avg":
+                return TokenPlan(active=True, reduce_kv=lambda x: pool_tokens(x, h, w, window))
+            index = self._kv_index(h, w, step_key, hidden.device)
+            return TokenPlan(active=True, reduce_kv=lambda x: x.index_select(1, index))
         merge, unmerge = bipartite_soft_matching(
             hidden, self._partition(h, w, step_key, hidden.device), int(n_tokens * config.ratio)
         )
         return TokenPlan(active=merge is not do_nothing, merge=merge, unmerge=unmerge)
+
+    def _kv_index(self, h: int, w: int, step_key: float, device: torch.device) -> torch.Tensor:
+        config = self.config
+        key = (h, w, float(step_key) if config.use_rand else None, str(device))
+        index = self._kv_indices.get(key)
+        if index is None:
+            choice = None
+            if config.use_rand:
+                py, px = self._kv_window
+                generator = torch.Generator().manual_seed(partition_seed(config.seed, step_key, h, w))
+                choice = torch.rand((2, -(-h // py), -(-w // px)), generator=generator)
+            if len(self._kv_indices) >= _MAX_CACHED_PARTITIONS:
+                self._kv_indices.clear()
+            index = kv_pick_index(h, w, self._kv_window, choice, device)
+            self._kv_indices[key] = index
+        return index
 
     def _partition(self, h: int, w: int, step_key: float, device: torch.device) -> Partition:
         config = self.config

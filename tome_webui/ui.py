@@ -49,7 +49,7 @@ def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_acc
                                        elem_id=script.elem_id("use_rand"))
                 seed = gr.Number(label="Partition seed", value=d.seed, precision=0, elem_id=script.elem_id("seed"))
             mode = gr.Radio(label="Mode", choices=list(MODE_CHOICES), value=d.mode, elem_id=script.elem_id("mode"),
-                            info="merge: merge and unmerge tokens (tomesd); kv: keep queries, pool keys/values.")
+                            info="merge: merge and unmerge tokens (tomesd); kv: keep queries, downsample keys/values.")
             with gr.Row():
                 merge_attn = gr.Checkbox(label="Merge self-attention", value=d.merge_attn,
                                          elem_id=script.elem_id("merge_attn"))

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from .methods import DESCRIPTIONS, METHODS
+from .methods import DEFAULT_METHODS, DESCRIPTIONS, METHODS
 from .models import FAMILIES
 
 DEFAULTS = dict(families="sd15", res="512,768", repeats=3)
@@ -60,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default: {DEFAULTS['res']})")
     p.add_argument("--ratios", type=_csv(float), default=(0.5,),
                    help="comma list of merge ratios (default: 0.5)")
-    p.add_argument("--methods", type=_csv(str), default=METHODS,
-                   help=f"comma list from {', '.join(METHODS)} (default: all; "
+    p.add_argument("--methods", type=_csv(str), default=DEFAULT_METHODS,
+                   help=f"comma list from {', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)}; "
                         f"unavailable ones are skipped); METHOD@RATIO runs that method at that ratio "
                         f"only, e.g. kv@0.75, and METHOD@RATIO:SXxSY also sets its cell, e.g. kv@0.88:3x3. "
                         f"{methods}")
@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use_rand=False in apply_patch (deterministic destination choice)")
     p.add_argument("--seed", type=int, default=0, help="weights, inputs and ToMe seed")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--attention", choices=("default", "math"), default="default",
+                   help="SDPA backend of every attention: torch's own choice (flash on CPU and recent "
+                        "GPUs: no N x N scores), or 'math', which materialises the N x N scores as "
+                        "attention without flash/memory-efficient kernels does (MPS, DirectML, the "
+                        "published ToMe memory figures); use it to see ToMe's memory saving")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: torch's own choice)")
     p.add_argument("--profile", action="store_true",
@@ -107,7 +112,7 @@ def config_from_args(args: argparse.Namespace):
             methods=args.methods, batch=args.batch, dtype=args.dtype, repeats=repeats,
             peaked=args.peaked, guidance=args.guidance, scale="tiny" if args.tiny else "full",
             seed=args.seed, max_downsample=args.max_downsample, use_rand=args.use_rand,
-            device=args.device)
+            device=args.device, attention=args.attention)
     except ValueError as e:
         raise SystemExit(f"python -m tome_core bench: {e}") from None
 

@@ -12,12 +12,16 @@ from typing import Iterator
 
 import torch
 
-METHODS = ("vanilla", "merge", "kv", "tomesd")
+METHODS = ("vanilla", "merge", "kv", "kv-avg", "tomesd")
+DEFAULT_METHODS = ("vanilla", "merge", "kv", "tomesd")
+# tome_core.apply_patch options of this project's methods
+OUR_METHODS = {"merge": {"mode": "merge"}, "kv": {"mode": "kv"}, "kv-avg": {"mode": "kv", "kv_downsample": "avg"}}
 # what each method name means, for the report
 DESCRIPTIONS = {
     "vanilla": "unpatched UNet",
     "merge": "tome_core.apply_patch(mode='merge')",
     "kv": "tome_core.apply_patch(mode='kv')",
+    "kv-avg": "tome_core.apply_patch(mode='kv', kv_downsample='avg')",
     "tomesd": "tomesd.apply_patch (reference package)",
 }
 
@@ -84,7 +88,7 @@ def patched(unet: torch.nn.Module, variant: Variant, **options) -> Iterator[torc
         pkg.apply_patch(unet, ratio=variant.ratio, **options)
     else:
         pkg = importlib.import_module("tome_core")
-        pkg.apply_patch(unet, ratio=variant.ratio, mode=variant.method, **options)
+        pkg.apply_patch(unet, ratio=variant.ratio, **OUR_METHODS[variant.method], **options)
     try:
         yield unet
     finally:

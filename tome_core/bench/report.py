@@ -112,7 +112,7 @@ def write_json(result: dict, path: Path) -> Path:
     return path
 
 
-_METHOD_STYLE = {"merge": ("tab:blue", "o"), "kv": ("tab:green", "s"),
+_METHOD_STYLE = {"merge": ("tab:blue", "o"), "kv": ("tab:green", "s"), "kv-avg": ("tab:olive", "D"),
                  "tomesd": ("tab:red", "^")}
 
 

@@ -1,6 +1,7 @@
 """Run the comparison: for each model family and resolution, every variant, interleaved."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -9,10 +10,22 @@ from typing import Callable
 import torch
 
 from . import measure
-from .methods import METHODS, Variant, availability, patched
+from .methods import DEFAULT_METHODS, METHODS, Variant, availability, patched
 from .models import FAMILIES, build_unet, make_inputs, peaked_attention
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# "math": PyTorch's reference SDPA kernel, which materialises the N x N score matrix as attention
+# does without flash/memory-efficient kernels (MPS, DirectML, the published ToMe memory figures)
+ATTENTION_BACKENDS = ("default", "math")
+
+
+def attention_backend(name: str) -> contextlib.AbstractContextManager:
+    """The SDPA backend every attention of the run uses: torch's choice, or the math kernel only."""
+    if name == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 @dataclass
@@ -22,7 +35,7 @@ class BenchConfig:
     families: tuple[str, ...] = ("sd15",)
     resolutions: tuple[tuple[int, int], ...] = ((512, 512), (768, 768))
     ratios: tuple[float, ...] = (0.5,)
-    methods: tuple[str, ...] = ("vanilla", "merge", "kv", "tomesd")
+    methods: tuple[str, ...] = DEFAULT_METHODS
     batch: int = 2
     dtype: str = "bf16"
     repeats: int = 3
@@ -33,6 +46,7 @@ class BenchConfig:
     max_downsample: int = 1
     use_rand: bool = True
     device: str = "cpu"
+    attention: str = "default"
     skipped: dict = field(default_factory=dict)  # method -> reason, filled by ``resolve``
 
     def __post_init__(self) -> None:
@@ -47,6 +61,8 @@ class BenchConfig:
             raise ValueError(f"repeats and batch must be >= 1, got {self.repeats} and {self.batch}")
         if not self.ratios or not all(0 <= r < 1 for r in self.ratios):
             raise ValueError(f"ratios must be in [0, 1), got {self.ratios}")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
@@ -182,21 +198,22 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
     bar = tqdm(total=n_forwards, unit="fwd", disable=not progress_bar, dynamic_ncols=True)
     rows, prof = [], None
     try:
-        for family in cfg.families:
-            bar.set_description(f"{family}: building UNet")
-            unet = build_unet(family, cfg.scale, cfg.seed, DTYPES[cfg.dtype]).to(cfg.device)
-            for size in cfg.resolutions:
-                def progress(label: str, _s=size) -> None:
-                    bar.set_description(f"{family} {_s[0]}x{_s[1]} {label}")
-                    bar.update(1)
-                rows += run_case(unet, family, size, variants, cfg, progress)
-                if on_rows:
-                    on_rows(rows)
-                if profile and prof is None:
-                    bar.set_description(f"{family} {size[0]}x{size[1]} profiling")
-                    prof = profile_case(unet, family, size, variants, cfg)
-            del unet
-            gc.collect()
+        with attention_backend(cfg.attention):
+            for family in cfg.families:
+                bar.set_description(f"{family}: building UNet")
+                unet = build_unet(family, cfg.scale, cfg.seed, DTYPES[cfg.dtype]).to(cfg.device)
+                for size in cfg.resolutions:
+                    def progress(label: str, _s=size) -> None:
+                        bar.set_description(f"{family} {_s[0]}x{_s[1]} {label}")
+                        bar.update(1)
+                    rows += run_case(unet, family, size, variants, cfg, progress)
+                    if on_rows:
+                        on_rows(rows)
+                    if profile and prof is None:
+                        bar.set_description(f"{family} {size[0]}x{size[1]} profiling")
+                        prof = profile_case(unet, family, size, variants, cfg)
+                del unet
+                gc.collect()
     finally:
         bar.close()
     result = {"config": cfg.as_dict(), "rows": rows, "skipped": dict(cfg.skipped)}
