@@ -179,3 +179,23 @@ def test_variant_specs_set_ratio_and_cell():
     assert Variant.parse("kv@0.88:3x3", (0.5,))[0].label == "kv r=0.88 3x3"
     with pytest.raises(ValueError, match="use SXxSY"):
         Variant.parse("kv@0.5:3", (0.5,))
+
+
+def test_math_attention_shows_the_memory_saving_of_fewer_tokens():
+    """With attention that materialises N x N scores, fewer tokens means a lower peak (the published
+    ToMe memory figures); the default (flash) backend never builds the scores."""
+    from tome_core.bench.runner import BenchConfig, run_benchmark
+
+    def peaks(attention):
+        cfg = BenchConfig(families=("sd15",), resolutions=((256, 256),), scale="tiny", dtype="fp32",
+                          methods=("vanilla", "merge", "kv@0.75", "kv-avg@0.75"), repeats=1,
+                          attention=attention)
+        return {r["label"]: r for r in run_benchmark(cfg, progress_bar=False)["rows"]}
+
+    math_rows, flash_rows = peaks("math"), peaks("default")
+    scores_mb = 2 * 1024 * 1024 * 4 / 2**20  # one head's fp32 scores, batch 2, 32x32 latent: 8 MiB
+    assert math_rows["vanilla"]["peak_mem_mb"] > scores_mb > flash_rows["vanilla"]["peak_mem_mb"]
+    for label in ("merge r=0.5", "kv r=0.75", "kv-avg r=0.75"):
+        assert math_rows[label]["mem_vs_vanilla"] < 0.6, (label, math_rows[label])
+    with pytest.raises(ValueError, match="attention must be one of default, math"):
+        BenchConfig(attention="flash")
