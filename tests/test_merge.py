@@ -110,3 +110,18 @@ def test_chunked_best_destinations_equal_the_full_score_matrix(monkeypatch):
     monkeypatch.setattr(merge_module, "SCORE_CHUNK_ELEMENTS", 2 * 100 * 7)  # 7 rows per chunk
     chunk_max, chunk_idx = merge_module.best_destinations(src, dst)
     assert torch.equal(chunk_max, full_max) and torch.equal(chunk_idx, full_idx)
+
+
+def test_kv_picks_are_shared_within_a_step_and_redrawn_across_steps():
+    """cond/uncond (or ComfyUI's separate calls) at one step see the same keys; the next step others."""
+    from tome_core import ToMeConfig, TokenMerger
+
+    hidden = torch.randn(2, 32 * 32, 8)
+    merger = TokenMerger(ToMeConfig(ratio=0.75, mode="kv", seed=3))
+    first = merger.plan(hidden, (32, 32), step_key=999.0).reduce_kv(hidden)
+    again = TokenMerger(ToMeConfig(ratio=0.75, mode="kv", seed=3)).plan(hidden, (32, 32), step_key=999.0)
+    assert first.shape == (2, 256, 8) and torch.equal(again.reduce_kv(hidden), first)
+    assert not torch.equal(merger.plan(hidden, (32, 32), step_key=979.0).reduce_kv(hidden), first)
+    fixed = TokenMerger(ToMeConfig(ratio=0.75, mode="kv", use_rand=False))
+    assert torch.equal(fixed.plan(hidden, (32, 32), step_key=999.0).reduce_kv(hidden),
+                       fixed.plan(hidden, (32, 32), step_key=979.0).reduce_kv(hidden))
