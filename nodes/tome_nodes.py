@@ -59,6 +59,10 @@ ADVANCED_INPUTS = {
                            "Leave levels with fewer tokens than this alone (small images gain nothing from "
                            "merging). 0 = merge every selected level."}),
 }
+# Optional so that workflows saved before it existed still load and run with the default.
+KV_DOWNSAMPLE_INPUT = (["nearest", "avg"], {"default": "nearest", "tooltip":
+                       "mode kv only: nearest keeps one real token per window (ToDo's default; lower error on "
+                       "SD1.5 in our measurements), avg averages each window (lower on SDXL)."})
 
 
 def _bound_error(spec: Dict[str, tuple], values: Dict[str, Any]) -> Optional[str]:
@@ -136,26 +140,36 @@ class ToMeAdvanced(ToMe):
     @classmethod
     def INPUT_TYPES(cls) -> dict:
         ratio = (RATIO[0], dict(RATIO[1], max=0.98))  # the real bound, 1 - 1/(sx*sy), is checked with sx, sy
-        return {"required": dict(ToMe.INPUT_TYPES()["required"], ratio=ratio, **ADVANCED_INPUTS)}
+        return {"required": dict(ToMe.INPUT_TYPES()["required"], ratio=ratio, **ADVANCED_INPUTS),
+                "optional": {"kv_downsample": KV_DOWNSAMPLE_INPUT}}
+
+    @classmethod
+    def _spec(cls) -> Dict[str, tuple]:
+        inputs = cls.INPUT_TYPES()
+        return dict(inputs["required"], **inputs["optional"])
 
     @classmethod
     def VALIDATE_INPUTS(cls, ratio=None, max_downsample=None, sx=None, sy=None, use_rand=None, tome_seed=None,
-                        mode=None, merge_crossattn=None, start_percent=None, end_percent=None, min_tokens=None):
+                        mode=None, merge_crossattn=None, start_percent=None, end_percent=None, min_tokens=None,
+                        kv_downsample=None):
         values = dict(ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand,
                       tome_seed=tome_seed, mode=mode, merge_crossattn=merge_crossattn,
                       start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens)
+        if kv_downsample is not None:  # absent in workflows saved before the input existed
+            values["kv_downsample"] = kv_downsample
         result = _validate(cls._spec(), values)
         if result is True and merge_crossattn and mode == "kv":
             return "ToMe: merge_crossattn needs mode 'merge' (mode 'kv' pools self-attention keys only)."
         return result
 
     def patch(self, model, ratio, max_downsample, sx, sy, use_rand, tome_seed, mode, merge_crossattn,
-              start_percent, end_percent, min_tokens):
+              start_percent, end_percent, min_tokens, kv_downsample="nearest"):
         if merge_crossattn and mode == "kv":
             raise ValueError("ToMe: merge_crossattn needs mode 'merge' (mode 'kv' pools self-attention keys only).")
         values = dict(ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand,
                       tome_seed=tome_seed, mode=mode, merge_crossattn=merge_crossattn,
-                      start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens)
+                      start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens,
+                      kv_downsample=kv_downsample)
         return _patch(model, self._spec(), values)
 
 

@@ -16,6 +16,7 @@ SKIPPED_KEY = "ToMe skipped"
 SKIPPED_VALUE = "built-in token merging is on"
 MAX_DOWNSAMPLE_CHOICES = ("1", "2", "4", "8")
 MODE_CHOICES = ("merge", "kv")
+KV_DOWNSAMPLE_CHOICES = ("nearest", "avg")
 
 
 def _to_bool(value: Any) -> bool:
@@ -56,6 +57,7 @@ FIELDS: tuple[Field, ...] = (
     Field("start_percent", "ToMe start percent", float),
     Field("end_percent", "ToMe end percent", float),
     Field("min_tokens", "ToMe min tokens", _to_int),
+    Field("kv_downsample", "ToMe kv downsample", str),  # last: older API arg lists stay valid
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 INFOTEXT_KEYS = tuple(f.key for f in FIELDS if f.key)
@@ -83,6 +85,7 @@ class WebUIArgs:
     start_percent: float = ToMeConfig.start_percent
     end_percent: float = ToMeConfig.end_percent
     min_tokens: int = ToMeConfig.min_tokens
+    kv_downsample: str = ToMeConfig.kv_downsample
 
     @classmethod
     def from_script_args(cls, args: Sequence[Any]) -> "WebUIArgs":

@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-from .options import FIELDS, INFOTEXT_KEYS, MAX_DOWNSAMPLE_CHOICES, MODE_CHOICES, WebUIArgs, enabled_from_infotext
+from .options import (FIELDS, INFOTEXT_KEYS, KV_DOWNSAMPLE_CHOICES, MAX_DOWNSAMPLE_CHOICES, MODE_CHOICES, WebUIArgs,
+                      enabled_from_infotext)
 
 TITLE = "ToMe (token merging)"
 
@@ -50,6 +51,10 @@ def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_acc
                 seed = gr.Number(label="Partition seed", value=d.seed, precision=0, elem_id=script.elem_id("seed"))
             mode = gr.Radio(label="Mode", choices=list(MODE_CHOICES), value=d.mode, elem_id=script.elem_id("mode"),
                             info="merge: merge and unmerge tokens (tomesd); kv: keep queries, downsample keys/values.")
+            kv_downsample = gr.Radio(label="kv downsampling", choices=list(KV_DOWNSAMPLE_CHOICES),
+                                     value=d.kv_downsample, elem_id=script.elem_id("kv_downsample"),
+                                     info="Mode kv only: nearest keeps one token per window (lower error on SD1.5 "
+                                          "in our measurements), avg averages it (lower on SDXL).")
             with gr.Row():
                 merge_attn = gr.Checkbox(label="Merge self-attention", value=d.merge_attn,
                                          elem_id=script.elem_id("merge_attn"))
@@ -66,7 +71,7 @@ def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_acc
                                    elem_id=script.elem_id("min_tokens"))
 
     controls = [enabled, ratio, hr_ratio, max_downsample, sx, sy, use_rand, seed, mode,
-                merge_attn, merge_crossattn, merge_mlp, start_percent, end_percent, min_tokens]
+                merge_attn, merge_crossattn, merge_mlp, start_percent, end_percent, min_tokens, kv_downsample]
     assert len(controls) == len(FIELDS)
     script.infotext_fields = [(enabled, enabled_from_infotext)] + [
         (control, field.key) for control, field in zip(controls, FIELDS) if field.key

@@ -176,6 +176,7 @@ def test_the_extension_draws_token_counts_in_a_real_browser(comfy, name):
     ours = [e for e in errors if "/extensions/" in json.dumps(e)]  # the frontend's own noise is not ours
     assert ours == [], ours
     node_class = comfy.nodes.NODE_CLASS_MAPPINGS[node_type]
-    widget_names = [n for n in node_class.INPUT_TYPES()["required"] if n != "model"]
+    inputs = node_class.INPUT_TYPES()
+    widget_names = [n for n in dict(inputs["required"], **inputs.get("optional", {})) if n != "model"]
     assert [w[0] for w in state["widgets"]] == widget_names  # no seed control widget added by the frontend
     assert state["lines"] == expected_lines

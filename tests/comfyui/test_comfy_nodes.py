@@ -110,12 +110,14 @@ def test_every_input_has_a_tooltip_and_every_node_a_description(tome_package):
     for node in tome_package.NODE_CLASS_MAPPINGS.values():
         assert node.CATEGORY == "model_patches/unet" and node.RETURN_TYPES == ("MODEL",)
         assert node.DESCRIPTION and "\n" not in node.DESCRIPTION
-        for name, spec in node.INPUT_TYPES()["required"].items():
+        inputs = node.INPUT_TYPES()
+        for name, spec in dict(inputs["required"], **inputs.get("optional", {})).items():
             assert spec[1].get("tooltip"), name
     advanced = tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"].INPUT_TYPES()["required"]
     assert list(advanced) == ["model", "ratio", "max_downsample", "sx", "sy", "use_rand", "tome_seed", "mode",
                               "merge_crossattn", "start_percent", "end_percent", "min_tokens"]
-
+    optional = tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"].INPUT_TYPES()["optional"]
+    assert list(optional) == ["kv_downsample"] and optional["kv_downsample"][0] == ["nearest", "avg"]
 
 def advanced_values(**changes):
     values = dict(ratio=0.5, max_downsample=1, sx=2, sy=2, use_rand=True, tome_seed=0, mode="merge",
@@ -128,6 +130,7 @@ def advanced_values(**changes):
     (dict(ratio=0.9), "ratio"), (dict(max_downsample=3), "max_downsample"), (dict(sx=1, sy=1), "ratio"),
     (dict(start_percent=0.7, end_percent=0.1), "start_percent"), (dict(mode="avg"), "mode"),
     (dict(mode="kv", merge_crossattn=True), "merge_crossattn"), (dict(min_tokens=-1), "min_tokens"),
+    (dict(mode="kv", kv_downsample="max"), "kv_downsample"),
 ])
 def test_validate_inputs_names_the_bad_input(tome_package, changes, field):
     node = tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"]
@@ -316,7 +319,8 @@ def test_ui_and_api_example_workflows_agree(tome_package, name):
         assert api[str(target)]["inputs"][input_name] == [str(origin), origin_slot], (name, link_id)
     (tome,) = [node for node in ui["nodes"] if node["type"] in tome_package.NODE_CLASS_MAPPINGS]
     node_class = tome_package.NODE_CLASS_MAPPINGS[tome["type"]]
-    widgets = [name for name in node_class.INPUT_TYPES()["required"] if name != "model"]
+    inputs = node_class.INPUT_TYPES()
+    widgets = [name for name in dict(inputs["required"], **inputs.get("optional", {})) if name != "model"]
     values = dict(zip(widgets, tome["widgets_values"], strict=True))
     assert values == {k: v for k, v in api[str(tome["id"])]["inputs"].items() if k != "model"}
     assert node_class.VALIDATE_INPUTS(**values) is True

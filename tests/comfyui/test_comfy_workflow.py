@@ -103,11 +103,12 @@ def test_inactive_settings_give_exactly_the_plain_image(comfy, executor, baselin
 
 @pytest.mark.parametrize("tome", [
     advanced(mode="kv", ratio=0.75),
+    advanced(mode="kv", ratio=0.75, kv_downsample="avg"),
     advanced(merge_crossattn=True),
     advanced(use_rand=False, sx=4, sy=2, ratio=0.8),
     advanced(end_percent=0.5),
     advanced(max_downsample=2, tome_seed=7),
-], ids=["kv", "crossattn", "norand-4x2", "first-half", "two-levels"])
+], ids=["kv", "kv-avg", "crossattn", "norand-4x2", "first-half", "two-levels"])
 def test_advanced_settings_run_and_change_the_image(comfy, executor, baseline, tome):
     image = run_image(comfy, api_prompt(tome, prefix="adv"), executor)
     assert np.abs(image - baseline).mean() > 0.1
@@ -148,11 +149,12 @@ def test_composes_with_self_attention_guidance(comfy, executor, baseline):
     (advanced(sx=1, sy=1), "ratio"),
     (advanced(start_percent=0.8, end_percent=0.2), "start_percent"),
     (advanced(mode="average"), "mode"),
+    (advanced(kv_downsample="max"), "kv_downsample"),
     (advanced(mode="kv", merge_crossattn=True), "merge_crossattn"),
     (advanced(sx=9), "sx"),
     (advanced(tome_seed=-1), "tome_seed"),
-], ids=["ratio-high", "ratio-negative", "downsample-3", "ratio-vs-cell", "window", "mode", "kv-cross", "sx",
-        "seed"])
+], ids=["ratio-high", "ratio-negative", "downsample-3", "ratio-vs-cell", "window", "mode", "kv-downsample",
+        "kv-cross", "sx", "seed"])
 def test_bad_widget_values_fail_validation_naming_the_input(comfy, checkpoint, tome, field):
     with pytest.raises(PromptInvalid) as caught:
         comfy.validate(api_prompt(tome))

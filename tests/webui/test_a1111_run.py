@@ -61,6 +61,24 @@ def test_on_changes_the_image_and_the_model_is_exactly_restored(script, host, sd
     assert torch.equal(again.images[0], ref.images[0])
 
 
+def test_kv_mode_and_its_downsampling_reach_the_engine(script, host, sd_model, reference):
+    ref = wd.txt2img(make_p(reference, host, None, []))
+    images = {}
+    for method in ("nearest", "avg"):
+        seen = []
+        handle = unet_of(sd_model).register_forward_pre_hook(
+            lambda m, args: seen.append(tome_core.patch_config(sd_model)))
+        try:
+            out = wd.txt2img(make_p(sd_model, host, script, script_args(mode="kv", ratio=0.75, kv_downsample=method)))
+        finally:
+            handle.remove()
+        assert seen and {(c.mode, c.kv_downsample) for c in seen} == {("kv", method)}
+        assert not torch.equal(out.images[0], ref.images[0])
+        assert_clean(sd_model)
+        images[method] = out.images[0]
+    assert not torch.equal(images["nearest"], images["avg"])
+
+
 def test_disabled_or_ratio_zero_is_the_identity(script, host, sd_model, reference):
     ref = wd.txt2img(make_p(reference, host, None, []))
     for args in (script_args(enabled=False), script_args(ratio=0.0, hr_ratio=0.0)):
