@@ -11,7 +11,7 @@ import hashlib
 import logging
 import struct
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -95,32 +95,38 @@ class TokenMerger:
         return TokenPlan(active=merge is not do_nothing, merge=merge, unmerge=unmerge)
 
     def _kv_index(self, h: int, w: int, step_key: float, device: torch.device) -> torch.Tensor:
-        config = self.config
-        key = (h, w, float(step_key) if config.use_rand else None, str(device))
-        index = self._kv_indices.get(key)
-        if index is None:
-            choice = None
-            if config.use_rand:
-                py, px = self._kv_window
-                generator = torch.Generator().manual_seed(partition_seed(config.seed, step_key, h, w))
-                choice = torch.rand((2, -(-h // py), -(-w // px)), generator=generator)
-            if len(self._kv_indices) >= _MAX_CACHED_PARTITIONS:
-                self._kv_indices.clear()
-            index = kv_pick_index(h, w, self._kv_window, choice, device)
-            self._kv_indices[key] = index
-        return index
+        def build(generator: Optional[torch.Generator]) -> torch.Tensor:
+            py, px = self._kv_window
+            choice = None if generator is None else torch.rand((2, -(-h // py), -(-w // px)), generator=generator)
+            return kv_pick_index(h, w, self._kv_window, choice, device)
+
+        return self._per_step(self._kv_indices, h, w, step_key, device, build)
 
     def _partition(self, h: int, w: int, step_key: float, device: torch.device) -> Partition:
         config = self.config
+
+        def build(generator: Optional[torch.Generator]) -> Partition:
+            cell_choice = None if generator is None else torch.randint(
+                config.sx * config.sy, (h // config.sy, w // config.sx), generator=generator)
+            return make_partition(h, w, config.sx, config.sy, cell_choice, device)
+
+        return self._per_step(self._partitions, h, w, step_key, device, build)
+
+    def _per_step(self, cache: Dict[Tuple, Any], h: int, w: int, step_key: float, device: torch.device,
+                  build: Callable[[Optional[torch.Generator]], Any]) -> Any:
+        """``build(generator)`` once per grid, device and (with use_rand) step; generator None without use_rand.
+
+        The generator is seeded from (seed, step, grid), so every block of a level, both CFG halves and
+        cond/uncond evaluated in separate calls at one step draw the same choice.
+        """
+        config = self.config
         key = (h, w, float(step_key) if config.use_rand else None, str(device))
-        partition = self._partitions.get(key)
-        if partition is None:
-            cell_choice = None
+        value = cache.get(key)
+        if value is None:
+            generator = None
             if config.use_rand:
                 generator = torch.Generator().manual_seed(partition_seed(config.seed, step_key, h, w))
-                cell_choice = torch.randint(config.sx * config.sy, (h // config.sy, w // config.sx), generator=generator)
-            if len(self._partitions) >= _MAX_CACHED_PARTITIONS:
-                self._partitions.clear()
-            partition = make_partition(h, w, config.sx, config.sy, cell_choice, device)
-            self._partitions[key] = partition
-        return partition
+            if len(cache) >= _MAX_CACHED_PARTITIONS:
+                cache.clear()
+            value = cache[key] = build(generator)
+        return value
