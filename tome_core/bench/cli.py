@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", choices=("default", "math"), default="default",
                    help="SDPA backend of every attention: torch's own choice (flash on CPU and recent "
                         "GPUs: no N x N scores), or 'math', which materialises the N x N scores as "
-                        "attention without flash/memory-efficient kernels does (MPS, DirectML, the "
+                        "attention without flash/memory-efficient kernels does (such hosts, the "
                         "published ToMe memory figures); use it to see ToMe's memory saving")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: torch's own choice)")

@@ -15,7 +15,7 @@ from .models import FAMILIES, build_unet, make_inputs, peaked_attention
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # "math": PyTorch's reference SDPA kernel, which materialises the N x N score matrix as attention
-# does without flash/memory-efficient kernels (MPS, DirectML, the published ToMe memory figures)
+# does without flash/memory-efficient kernels (such hosts, the published ToMe memory figures)
 ATTENTION_BACKENDS = ("default", "math")
 
 
