@@ -9,9 +9,11 @@ from typing import Any, Dict, Optional
 
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
+    from ..tome_core.config import KV_DOWNSAMPLES, MODES
     from ..tome_core.model_patcher import base_downsample_of, patch_model_patcher
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
+    from tome_core.config import KV_DOWNSAMPLES, MODES
     from tome_core.model_patcher import base_downsample_of, patch_model_patcher
 
 CATEGORY = "model_patches/unet"
@@ -43,7 +45,7 @@ ADVANCED_INPUTS = {
     "tome_seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED, "control_after_generate": False, "tooltip":
                           "Seed of ToMe's own random partition. The sampler's noise is never affected; the same "
                           "seed gives the same image every run."}),
-    "mode": (["merge", "kv"], {"default": "merge", "tooltip":
+    "mode": (list(MODES), {"default": "merge", "tooltip":
                                "merge: tomesd's method, self-attention runs on merged tokens and the result is "
                                "copied back. kv: every token keeps its own query, only keys/values are downsampled "
                                "to one token per window (gentler on detail; the window is the one closest to ratio: 0.5 -> 1x2, 0.75 -> 2x2, 0.88 with sx=sy=3 -> 3x3)."}),
@@ -60,7 +62,7 @@ ADVANCED_INPUTS = {
                            "merging). 0 = merge every selected level."}),
 }
 # Optional so that workflows saved before it existed still load and run with the default.
-KV_DOWNSAMPLE_INPUT = (["nearest", "avg"], {"default": "nearest", "tooltip":
+KV_DOWNSAMPLE_INPUT = (list(KV_DOWNSAMPLES), {"default": "nearest", "tooltip":
                        "mode kv only: nearest keeps one real token per window (ToDo's default; lower error on "
                        "SD1.5 in our measurements), avg averages each window (lower on SDXL)."})
 

@@ -10,13 +10,14 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Sequence
 
 from tome_core import ToMeConfig
+from tome_core.config import KV_DOWNSAMPLES, MODES
 
 INFOTEXT_PREFIX = "ToMe"
 SKIPPED_KEY = "ToMe skipped"
 SKIPPED_VALUE = "built-in token merging is on"
 MAX_DOWNSAMPLE_CHOICES = ("1", "2", "4", "8")
-MODE_CHOICES = ("merge", "kv")
-KV_DOWNSAMPLE_CHOICES = ("nearest", "avg")
+MODE_CHOICES = MODES
+KV_DOWNSAMPLE_CHOICES = KV_DOWNSAMPLES
 
 
 def _to_bool(value: Any) -> bool:

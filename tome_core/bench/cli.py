@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .methods import DEFAULT_METHODS, DESCRIPTIONS, METHODS
 from .models import FAMILIES
+from .runner import ATTENTION_BACKENDS, BenchConfig
 
 DEFAULTS = dict(families="sd15", res="512,768", repeats=3)
 PRESETS = {
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use_rand=False in apply_patch (deterministic destination choice)")
     p.add_argument("--seed", type=int, default=0, help="weights, inputs and ToMe seed")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    p.add_argument("--attention", choices=("default", "math"), default="default",
+    p.add_argument("--attention", choices=ATTENTION_BACKENDS, default="default",
                    help="SDPA backend of every attention: torch's own choice (flash on CPU and recent "
                         "GPUs: no N x N scores), or 'math', which materialises the N x N scores as "
                         "attention without flash/memory-efficient kernels does (such hosts, the "
@@ -100,8 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace):
-    from .runner import BenchConfig
-
     preset = PRESETS["tiny"] if args.tiny else PRESETS["quick"] if args.quick else DEFAULTS
     families = args.families or _csv(str)(preset["families"])
     resolutions = args.res or _csv(_size)(preset["res"])
