@@ -24,7 +24,8 @@ class ToMeScript(scripts.Script):
             from modules.ui_components import InputAccordion
         except ImportError:  # a WebUI older than InputAccordion
             InputAccordion = None
-        return ui.build(self, is_img2img, settings.defaults(shared.opts), gr, InputAccordion)
+        return ui.build(self, is_img2img, settings.defaults(shared.opts), gr, InputAccordion,
+                        forge=runner.forge_installed())
 
     def process(self, p, *args):
         runner.start(p, args)

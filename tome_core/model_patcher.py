@@ -198,11 +198,12 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
     return patches
 
 
-def patch_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
-    """Return a clone of ``patcher`` with ToMe registered; ``patcher`` itself is never changed.
+def check_model_patcher(patcher: Any, config: ToMeConfig) -> Tuple[int, SigmaWindow]:
+    """Every refusal of ``patch_model_patcher``, without cloning or patching anything.
 
-    config.merge_mlp has no patch point in ComfyUI's transformer block and is refused here.
-    Raises UnsupportedModelError (a TypeError) naming the model type for non-UNet models.
+    Returns (base_downsample, sigma window). config.merge_mlp has no patch point in ComfyUI's
+    transformer block and is refused; so are non-UNet models (UnsupportedModelError, a TypeError,
+    naming the model type) and a schedule window on a model without ``percent_to_sigma``.
     """
     missing = [name for name in _REQUIRED_METHODS if not callable(getattr(patcher, name, None))]
     if missing:
@@ -213,8 +214,15 @@ def patch_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     if config.merge_mlp:
         raise ValueError("ToMe: merge_mlp is not available through ModelPatcher (no patch point around the "
                          "feed-forward); set merge_mlp=False.")
-    base = base_downsample_of(patcher)
-    window = sigma_window(patcher, config)
+    return base_downsample_of(patcher), sigma_window(patcher, config)
+
+
+def patch_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
+    """Return a clone of ``patcher`` with ToMe registered; ``patcher`` itself is never changed.
+
+    Refuses (see ``check_model_patcher``) before cloning.
+    """
+    base, window = check_model_patcher(patcher, config)
     clone = patcher.clone()
     if not config.enabled:
         return clone

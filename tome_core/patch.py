@@ -43,13 +43,22 @@ def apply_patch(
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, kv_downsample=kv_downsample, seed=seed,
         start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens,
     )
-    unets = find_unets(model)
-    for unet in unets:  # fail on any unsupported UNet before touching the first one
-        attention_base_downsample(unet)
+    unets = check_patchable(model)
     remove_patch(model)
     for unet in unets:
         install(unet, config)
     return model
+
+
+def check_patchable(model: object) -> list:
+    """The UNets ``apply_patch`` would patch; raises TypeError naming the model when one is unsupported.
+
+    Patches nothing, so a host can refuse a generation before it writes or patches anything.
+    """
+    unets = find_unets(model)
+    for unet in unets:  # fail on any unsupported UNet before touching the first one
+        attention_base_downsample(unet)
+    return unets
 
 
 def remove_patch(model: Model) -> Model:

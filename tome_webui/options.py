@@ -40,6 +40,14 @@ class Field:
     key: str
     convert: Callable[[Any], Any]
 
+    def parse(self, value: Any) -> Any:
+        """``convert(value)``; a value of the wrong kind (API JSON, pasted infotext) gets ToMe's message."""
+        try:
+            return self.convert(value)
+        except (TypeError, ValueError):
+            kind = {float: "a number", _to_int: "a whole number"}.get(self.convert, "a valid value")
+            raise ValueError(f"ToMe: {self.name} must be {kind}, got {value!r}.") from None
+
 
 # The order of ui()'s return value and so of the ``alwayson_scripts`` "ToMe" args list.
 FIELDS: tuple[Field, ...] = (
@@ -96,14 +104,14 @@ class WebUIArgs:
                 f"ToMe: expected at most {len(FIELDS)} script args "
                 f"({', '.join(f.name for f in FIELDS)}), got {len(args)}."
             )
-        values = {f.name: f.convert(v) for f, v in zip(FIELDS, args) if v is not None}
+        values = {f.name: f.parse(v) for f, v in zip(FIELDS, args) if v is not None}
         return cls(**values)
 
     def with_overrides(self, overrides: dict[str, Any]) -> "WebUIArgs":
         """Values set on ``p`` by an XYZ axis; setting one turns ToMe on."""
         if not overrides:
             return self
-        converted = {k: FIELD_BY_NAME[k].convert(v) for k, v in overrides.items()}
+        converted = {k: FIELD_BY_NAME[k].parse(v) for k, v in overrides.items()}
         return replace(self, enabled=True, **converted)
 
     def config(self, hires: bool = False) -> ToMeConfig:

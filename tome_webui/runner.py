@@ -12,6 +12,7 @@ Host-free: ``p`` is duck-typed; nothing here imports ``modules`` or gradio.
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -19,7 +20,8 @@ from typing import Any, Sequence
 # while it imports scripts/*.py, so a later `import tome_core...` inside a callback would fail.
 import tome_core
 from tome_core import ToMeConfig
-from tome_core.model_patcher import patch_model_patcher
+import tome_core.patch
+from tome_core.model_patcher import check_model_patcher, patch_model_patcher
 
 from .options import INFOTEXT_KEYS, SKIPPED_KEY, SKIPPED_VALUE, WebUIArgs
 
@@ -34,6 +36,14 @@ def log(message: str) -> None:
 def is_forge(p: Any) -> bool:
     """Forge and reForge hand scripts a model whose UNet lives in ``forge_objects.unet``."""
     return getattr(getattr(p, "sd_model", None), "forge_objects", None) is not None
+
+
+def forge_installed() -> bool:
+    """Forge, reForge and Forge Classic all ship the top-level package ``modules_forge``; A1111 does not.
+
+    For the UI, which is built before any model is loaded (``is_forge(p)`` needs one).
+    """
+    return importlib.util.find_spec("modules_forge") is not None
 
 
 def builtin_ratio(p: Any) -> float:
@@ -79,8 +89,14 @@ def unpatch(model: Any) -> bool:
 
 
 def start(p: Any, script_args: Sequence[Any]) -> Run | None:
-    """Script.process: clean up after a failed run, decide, write the infotext; patching is per batch."""
+    """Script.process: clean up after a failed run, check everything, then write the infotext.
+
+    Patching is per batch (A1111) or per sampling pass (Forge). Every check that can refuse the
+    settings runs here, before anything is written or patched; a refusal stops the generation (see
+    ``refuse``) instead of raising here, where the WebUI would report the error and go on without ToMe.
+    """
     forge = is_forge(p)
+    _clear_refusal(p)
     if not forge and unpatch(p.sd_model):
         log("removed a patch left on the model by an earlier run that did not finish.")
     setattr(p, RUN_ATTR, None)
@@ -88,29 +104,70 @@ def start(p: Any, script_args: Sequence[Any]) -> Run | None:
     for key in (*INFOTEXT_KEYS, SKIPPED_KEY):
         p.extra_generation_params.pop(key, None)
 
-    args = WebUIArgs.from_script_args(script_args).with_overrides(getattr(p, OVERRIDES_ATTR, None) or {})
-    if not args.enabled:
+    try:
+        args = WebUIArgs.from_script_args(script_args).with_overrides(getattr(p, OVERRIDES_ATTR, None) or {})
+        if not args.enabled:
+            return None
+        builtin = builtin_ratio(p)
+        if builtin > 0:
+            log(
+                f"skipped: the WebUI's built-in token merging is on (ratio {builtin:g}), and two merges "
+                "must not stack. Set Settings > Optimizations > Token merging ratio (and its hires "
+                "counterpart) to 0 to use this extension."
+            )
+            p.extra_generation_params[SKIPPED_KEY] = SKIPPED_VALUE
+            return None
+        run = Run(base=args.config(), hires=args.config(hires=True))
+        check_model(p, run)
+    except (TypeError, ValueError) as error:
+        refuse(p, error)
         return None
 
-    builtin = builtin_ratio(p)
-    if builtin > 0:
-        log(
-            f"skipped: the WebUI's built-in token merging is on (ratio {builtin:g}), and two merges "
-            "must not stack. Set Settings > Optimizations > Token merging ratio (and its hires "
-            "counterpart) to 0 to use this extension."
-        )
-        p.extra_generation_params[SKIPPED_KEY] = SKIPPED_VALUE
-        return None
-
-    with_hr = bool(getattr(p, "enable_hr", False))
-    # Built now so that a bad value fails before sampling, with the engine's message.
-    run = Run(base=args.config(), hires=args.config(hires=True))
-    p.extra_generation_params.update(args.infotext(with_hr=with_hr))
+    p.extra_generation_params.update(args.infotext(with_hr=bool(getattr(p, "enable_hr", False))))
     setattr(p, RUN_ATTR, run)
-
     if not forge:
         _release_when_closed(p, run)
     return run
+
+
+def check_model(p: Any, run: Run) -> None:
+    """Raise the engine's error if the loaded model cannot take these settings (patches nothing).
+
+    Forge / reForge: ``patch_model_patcher``'s refusals on the UNet patcher (merge_mlp has no patch
+    point there, a non-UNet model, a schedule window without ``percent_to_sigma``). A1111: the
+    model has a UNet ``apply_patch`` can patch (not e.g. SD3 in A1111 1.10).
+    """
+    for config in (run.base, run.hires):
+        if not config.enabled:
+            continue
+        if is_forge(p):
+            check_model_patcher(p.sd_model.forge_objects.unet, config)
+        else:
+            tome_core.patch.check_patchable(p.sd_model)
+
+
+def refuse(p: Any, error: Exception) -> None:
+    """Stop this generation with ToMe's ``error``, shown by the WebUI as the job's error.
+
+    The WebUI's ScriptRunner catches and only logs what a script's callbacks raise, then generates
+    without ToMe. ``processing.process_images_inner`` calls ``p.sample(...)`` outside any such
+    handler (A1111 1.6-1.10, Forge, reForge), and an exception there ends the job: the API answers
+    HTTP 500 with the message in ``errors``, the UI shows it in its error box. So ``p.sample``
+    becomes, for this ``p`` only, a function that raises ``error``; nothing is patched or written.
+    """
+    log(f"refused, the generation stops: {error}")
+
+    def sample(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    sample.tome_refusal = True
+    p.sample = sample
+
+
+def _clear_refusal(p: Any) -> None:
+    """Drop a refusal an earlier ``process`` left on this ``p`` (a reused or copied processing object)."""
+    if getattr(vars(p).get("sample"), "tome_refusal", False):
+        del p.sample
 
 
 def before_batch(p: Any) -> None:

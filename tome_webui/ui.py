@@ -27,8 +27,13 @@ def _enabled_accordion(gr: Any, input_accordion: Callable | None, value: bool, e
             yield gr.Checkbox(label="Enable ToMe", value=value, elem_id=elem_id)
 
 
-def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_accordion: Callable | None) -> list:
-    """Create the controls; sets ``script.infotext_fields`` and ``script.paste_field_names``."""
+def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_accordion: Callable | None,
+          forge: bool = False) -> list:
+    """Create the controls; sets ``script.infotext_fields`` and ``script.paste_field_names``.
+
+    forge: the host is Forge / reForge / Forge Classic, whose UNet patcher has no patch point around
+    the feed-forward, so "Merge MLP" is not offered (hidden; it keeps its place in the API args).
+    """
     d = defaults
     with _enabled_accordion(gr, input_accordion, d.enabled, script.elem_id("enabled")) as enabled:
         with gr.Row():
@@ -60,8 +65,8 @@ def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_acc
                                          elem_id=script.elem_id("merge_attn"))
                 merge_crossattn = gr.Checkbox(label="Merge cross-attention", value=d.merge_crossattn,
                                               elem_id=script.elem_id("merge_crossattn"))
-                merge_mlp = gr.Checkbox(label="Merge MLP (not on Forge)", value=d.merge_mlp,
-                                        elem_id=script.elem_id("merge_mlp"))
+                merge_mlp = gr.Checkbox(label="Merge MLP", value=d.merge_mlp and not forge, visible=not forge,
+                                        interactive=not forge, elem_id=script.elem_id("merge_mlp"))
             with gr.Row():
                 start_percent = gr.Slider(label="Start percent", minimum=0.0, maximum=1.0, step=0.01,
                                           value=d.start_percent, elem_id=script.elem_id("start_percent"))

@@ -40,7 +40,7 @@ def _apply(name: str) -> Callable:
 def _confirm(name: str) -> Callable:
     def confirm(p: Any, xs: Any) -> None:
         for x in xs:  # fail before the grid starts, with the engine's message
-            WebUIArgs(**{name: FIELD_BY_NAME[name].convert(x)}).config(hires=name == "hr_ratio")
+            WebUIArgs(**{name: FIELD_BY_NAME[name].parse(x)}).config(hires=name == "hr_ratio")
 
     return confirm
 

@@ -9,13 +9,20 @@ Each follows the real AUTOMATIC1111 (1.6+) / Forge signature and call order it s
   ``OptionInfo(default, label, component, component_args, onchange, section, ...)``.
 - ``modules.script_callbacks``: ``on_ui_settings`` / ``on_before_ui`` registries.
 - ``modules.ui_components.InputAccordion``: a ``gr.Checkbox`` whose context opens an accordion.
+- ``modules.scripts.ScriptRunner``: every callback inside ``try/except Exception`` that only
+  reports, as the real one (A1111 1.6-1.10, Forge dfdcbab): a script that raises does not stop
+  the generation.
 - ``modules.processing``: ``StableDiffusionProcessingTxt2Img`` fields the extension reads, and
-  ``process_images`` calling the scripts' hooks the extension uses in the real order (process;
-  per batch process_batch, sampling, ``is_hr_pass`` + before_hr + hires sampling; postprocess only
-  on success), ``close`` through ``contextlib.closing`` as modules/txt2img.py does. Forge's variant
-  restores ``forge_objects`` from ``forge_objects_after_applying_lora`` before every sampling pass
-  and then calls ``process_before_every_sampling`` (in the hires pass also once before restoring,
-  as Forge's ``sample_hr_pass`` does).
+  ``process_images`` calling the scripts' hooks in the real order (process; per batch
+  process_batch, then ``p.sample(...)`` outside any handler — first pass, ``is_hr_pass`` +
+  before_hr + hires pass; postprocess only on success), ``close`` through ``contextlib.closing``
+  as modules/txt2img.py does. Forge's ``sample`` restores ``forge_objects`` from
+  ``forge_objects_after_applying_lora`` before every sampling pass and then calls
+  ``process_before_every_sampling`` (in the hires pass also once before restoring, as Forge's
+  ``sample_hr_pass`` does).
+- ``modules.api.api``: ``text2imgapi``'s ``alwayson_scripts`` mapping (``init_default_script_args``,
+  ``init_script_args``) and its exception handler's status and JSON (``api_txt2img``).
+- ``modules.call_queue.wrap_gradio_call``: an exception becomes the UI's error box.
 - ``create_infotext`` / ``parse_generation_parameters`` / ``paste``: the "k: v, ..." format with
   A1111's quoting and connect_paste's value conversion (bool "False", int via float, else type()).
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import html
 import importlib.util
 import json
 import os
@@ -174,46 +182,24 @@ def make_input_accordion(gr):
 # ---------------------------------------------------------------- modules.processing
 
 
-class Processing:
-    """StableDiffusionProcessingTxt2Img's fields used here; sd_model is what shared.sd_model is."""
-
-    def __init__(self, sd_model, opts, *, steps=3, width=128, height=128, batch_size=1, n_iter=1,
-                 enable_hr=False, hr_scale=2.0, seed=1, token_merging_ratio=0, token_merging_ratio_hr=0):
-        self.sd_model = sd_model
-        self.opts = opts
-        self.steps, self.width, self.height = steps, width, height
-        self.batch_size, self.n_iter = batch_size, n_iter
-        self.enable_hr, self.hr_scale = enable_hr, hr_scale
-        self.seed = seed
-        self.token_merging_ratio = token_merging_ratio
-        self.token_merging_ratio_hr = token_merging_ratio_hr
-        self.extra_generation_params: dict[str, Any] = {}
-        self.is_hr_pass = False
-        self.scripts = None
-        self.script_args: list = []
-        self.closed = False
-
-    def get_token_merging_ratio(self, for_hr=False):
-        opts = self.opts
-        if for_hr:
-            return (self.token_merging_ratio_hr or opts.token_merging_ratio_hr or self.token_merging_ratio
-                    or opts.token_merging_ratio)
-        return self.token_merging_ratio or opts.token_merging_ratio
-
-    def close(self):
-        self.closed = True
-
-
 class ScriptRunner:
-    """modules.scripts.ScriptRunner for alwayson scripts: each gets args[args_from:args_to]."""
+    """modules/scripts.py ``ScriptRunner``'s alwayson callbacks (A1111 1.6-1.10; Forge head dfdcbab,
+    2025-06): each script gets ``p.script_args[args_from:args_to]``, and every callback runs inside
+    ``try: ... except Exception: errors.report(f"Error running {name}: {filename}", exc_info=True)``,
+    so an exception a script raises is reported (here: recorded in ``reported``) and generation
+    goes on. ``process_before_every_sampling`` is Forge's (and reForge's) only."""
 
     def __init__(self, scripts: list):
         self.alwayson_scripts = scripts
+        self.reported: list[tuple[str, BaseException]] = []  # what errors.report would print
 
     def _call(self, name, p, *extra, **kwargs):
         for script in self.alwayson_scripts:
-            args = p.script_args[script.args_from:script.args_to]
-            getattr(script, name)(p, *extra, *args, **kwargs)
+            try:
+                args = p.script_args[script.args_from:script.args_to]
+                getattr(script, name)(p, *extra, *args, **kwargs)
+            except Exception as error:  # modules/errors.py report(): printed, never re-raised
+                self.reported.append((f"Error running {name}: {getattr(script, 'filename', None)}", error))
 
     def process(self, p):
         self._call("process", p)
@@ -250,26 +236,77 @@ def _sample(p, unet_call, x: torch.Tensor, context: torch.Tensor, fail_at_step):
     return x
 
 
+class Processing:
+    """StableDiffusionProcessingTxt2Img's fields used here; sd_model is what shared.sd_model is.
+
+    ``sample`` is a method, as in modules/processing.py, so an instance attribute can stand in for
+    it the way it can on the real object. ``host_forge`` selects Forge's ``sample`` (which restores
+    ``forge_objects`` and calls ``process_before_every_sampling`` itself) over A1111's.
+    """
+
+    def __init__(self, sd_model, opts, *, steps=3, width=128, height=128, batch_size=1, n_iter=1,
+                 enable_hr=False, hr_scale=2.0, seed=1, token_merging_ratio=0, token_merging_ratio_hr=0):
+        self.sd_model = sd_model
+        self.opts = opts
+        self.steps, self.width, self.height = steps, width, height
+        self.batch_size, self.n_iter = batch_size, n_iter
+        self.enable_hr, self.hr_scale = enable_hr, hr_scale
+        self.seed = seed
+        self.token_merging_ratio = token_merging_ratio
+        self.token_merging_ratio_hr = token_merging_ratio_hr
+        self.extra_generation_params: dict[str, Any] = {}
+        self.is_hr_pass = False
+        self.scripts = None
+        self.script_args: list = []
+        self.closed = False
+        self.host_forge = False
+        self.fail_at_step = None
+
+    def get_token_merging_ratio(self, for_hr=False):
+        opts = self.opts
+        if for_hr:
+            return (self.token_merging_ratio_hr or opts.token_merging_ratio_hr or self.token_merging_ratio
+                    or opts.token_merging_ratio)
+        return self.token_merging_ratio or opts.token_merging_ratio
+
+    def sample(self, conditioning, unconditional_conditioning, seeds, subseeds, subseed_strength, prompts):
+        """StableDiffusionProcessingTxt2Img.sample: the first pass, then ``sample_hr_pass`` if hires."""
+        g = torch.Generator().manual_seed(seeds[0])
+        x = torch.randn(self.batch_size, 4, self.height // 8, self.width // 8, generator=g)
+        x = _sample(self, _unet_call(self, self.host_forge, x, conditioning), x, conditioning, self.fail_at_step)
+        if self.enable_hr:
+            self.is_hr_pass = True
+            x = torch.nn.functional.interpolate(x, scale_factor=self.hr_scale, mode="nearest")
+            if self.scripts is not None:
+                self.scripts.before_hr(self)
+            x = _sample(self, _unet_call(self, self.host_forge, x, conditioning), x, conditioning, self.fail_at_step)
+            self.is_hr_pass = False
+        return x
+
+    def close(self):
+        self.closed = True
+
+
 def process_images(p, *, fail_at_step=None, forge=False):
-    """processing.process_images -> process_images_inner with the scripts' call order."""
-    p.scripts.process(p)
+    """modules/processing.py process_images -> process_images_inner, in the scripts' call order:
+    ``scripts.process``; per batch ``scripts.process_batch`` then ``p.sample(...)`` — the sampling
+    call is not inside any script handler, so what it raises ends the job — then
+    ``scripts.postprocess`` (only reached when nothing raised)."""
+    p.host_forge, p.fail_at_step = forge, fail_at_step
+    if p.scripts is not None:
+        p.scripts.process(p)
     outputs = []
     for n in range(p.n_iter):
         p.seeds = [p.seed + n * p.batch_size + i for i in range(p.batch_size)]
-        p.scripts.process_batch(p, batch_number=n, prompts=[""] * p.batch_size, seeds=p.seeds, subseeds=p.seeds)
-        g = torch.Generator().manual_seed(p.seeds[0])
-        x = torch.randn(p.batch_size, 4, p.height // 8, p.width // 8, generator=g)
-        context = _context(p.batch_size, p.seeds[0])
-        x = _sample(p, _unet_call(p, forge, x, context), x, context, fail_at_step)
-        if p.enable_hr:
-            p.is_hr_pass = True
-            x = torch.nn.functional.interpolate(x, scale_factor=p.hr_scale, mode="nearest")
-            p.scripts.before_hr(p)
-            x = _sample(p, _unet_call(p, forge, x, context), x, context, fail_at_step)
-            p.is_hr_pass = False
-        outputs.append(x)
+        if p.scripts is not None:
+            p.scripts.process_batch(p, batch_number=n, prompts=[""] * p.batch_size, seeds=p.seeds,
+                                    subseeds=p.seeds)
+        conditioning = _context(p.batch_size, p.seeds[0])
+        outputs.append(p.sample(conditioning=conditioning, unconditional_conditioning=conditioning, seeds=p.seeds,
+                                subseeds=p.seeds, subseed_strength=0.0, prompts=[""] * p.batch_size))
     processed = types.SimpleNamespace(images=outputs, info=create_infotext(p))
-    p.scripts.postprocess(p, processed)
+    if p.scripts is not None:
+        p.scripts.postprocess(p, processed)
     return processed
 
 
@@ -279,7 +316,7 @@ def _unet_call(p, forge, x, context):
         return lambda x_in, t, c: unet(x_in, t, context=c)
     if p.is_hr_pass:  # Forge's sample_hr_pass calls the scripts once before restoring forge_objects
         p.scripts.process_before_every_sampling(p, x=x, noise=x, c=context, uc=context)
-    # Forge: sampling starts from the LoRA-applied objects, then scripts patch a clone.
+    # Forge's sample: sampling starts from the LoRA-applied objects, then scripts patch a clone.
     p.sd_model.forge_objects = p.sd_model.forge_objects_after_applying_lora.shallow_copy()
     p.scripts.process_before_every_sampling(p, x=x, noise=x, c=context, uc=context)
     return p.sd_model.forge_apply  # the test's Forge model: Forge's sampling_function model call
@@ -289,6 +326,66 @@ def txt2img(p, **kwargs):
     """modules/txt2img.py: ``with closing(p): processed = process_images(p)``."""
     with contextlib.closing(p):
         return process_images(p, **kwargs)
+
+
+def default_script_args(scripts: list) -> list:
+    """modules/api/api.py ``Api.init_default_script_args``: each script's slice holds its UI
+    controls' values (``[elem.value for elem in script.ui(...)]``), everything else None."""
+    args = [None] * max([1] + [s.args_to for s in scripts])
+    for script in scripts:
+        args[script.args_from:script.args_to] = [control.value for control in script.controls]
+    return args
+
+
+def api_txt2img(sd_model, opts, scripts: list, request: dict, *, forge=False) -> tuple[int, dict]:
+    """POST /sdapi/v1/txt2img (modules/api/api.py ``text2imgapi``, A1111 1.8 / Forge dfdcbab) -> (status, JSON).
+
+    ``init_script_args``: a request naming an unknown alwayson script is a 422; a known one's
+    ``args`` overwrite its defaults position by position (at most ``args_to - args_from`` of them).
+    Then ``with closing(p): process_images(p)``. An exception anywhere ends in the app's
+    ``handle_exception``: status ``vars(e).get('status_code', 500)`` and JSON
+    ``{"error": type(e).__name__, "detail", "body", "errors": str(e)}``. Success: 200 with the
+    images and ``info`` (here the infotext string).
+    """
+    by_title = {script.title().lower(): script for script in scripts}
+    try:
+        script_args = default_script_args(scripts)
+        for name, entry in request.get("alwayson_scripts", {}).items():
+            script = by_title.get(name.lower())
+            if script is None:
+                raise HTTPError(422, f"always on script {name} not found")
+            given = entry.get("args", [])
+            for i in range(min(script.args_to - script.args_from, len(given))):
+                script_args[script.args_from + i] = given[i]
+        p = Processing(sd_model, opts, **{k: v for k, v in request.items() if k != "alwayson_scripts"})
+        p.scripts = ScriptRunner(scripts)
+        p.script_args = tuple(script_args)
+        processed = txt2img(p, forge=forge)
+    except Exception as error:
+        return getattr(error, "status_code", 500), {
+            "error": type(error).__name__, "detail": getattr(error, "detail", ""), "body": "", "errors": str(error)}
+    return 200, {"images": processed.images, "info": processed.info}
+
+
+class HTTPError(Exception):
+    """fastapi's HTTPException as api.py raises it: ``status_code`` and ``detail``."""
+
+    def __init__(self, status_code: int, detail: str):
+        super().__init__(detail)
+        self.status_code, self.detail = status_code, detail
+
+
+def wrap_gradio_call(func: Callable) -> Callable:
+    """modules/call_queue.py ``wrap_gradio_call`` (A1111 1.8 / Forge dfdcbab): the UI's Generate
+    runs ``func``; an exception is reported and becomes the HTML info box the user sees,
+    ``<div class='error'>{html.escape(f"{type(e).__name__}: {e}")}</div>``, with no images."""
+    def call(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except Exception as error:
+            return None, f"<div class='error'>{html.escape(f'{type(error).__name__}: {error}')}</div>"
+
+    return call
 
 
 # ---------------------------------------------------------------- infotext
