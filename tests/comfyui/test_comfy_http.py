@@ -1,15 +1,15 @@
-"""A headless client against ComfyUI's real web server (aiohttp on 127.0.0.1, in this process).
+"""A headless client against the tests' real ComfyUI server (its main.py, on 127.0.0.1).
 
 POST /prompt with a bad ToMe value answers HTTP 400 with ``node_errors`` before anything runs; a
-good example workflow is queued, executed by a worker step that does what ComfyUI's main.py
-prompt_worker does, and its image is fetched back through /history and /view. The frontend files
-and node definitions the browser would load are served too.
+good example workflow is queued, run by ComfyUI's own prompt worker, and its image is fetched back
+through /history and /view. The frontend files and node definitions the browser would load are
+served too.
 """
 from __future__ import annotations
 
-import asyncio
 import io
 import json
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -34,66 +34,32 @@ def small(prompt: dict, checkpoint: str) -> dict:
     return prompt
 
 
-async def _session(comfy, checkpoint):
-    from aiohttp.test_utils import TestClient, TestServer
-
-    comfy.folder_paths.user_directory = str(comfy.workdir / "user")  # read by app.user_manager at import
-    import server as comfy_server
-
-    prompt_server = comfy_server.PromptServer(asyncio.get_running_loop())
-    prompt_server.prompt_queue = comfy.execution.PromptQueue(prompt_server)
-    prompt_server.add_routes()
-    client = TestClient(TestServer(prompt_server.app, host="127.0.0.1"))
-    await client.start_server()
-    results = {}
-    try:
-        # The browser's view of the package: node definitions with tooltips, and our extension.
-        info = await (await client.get("/object_info/TomeCoreToMeAdvanced")).json()
-        results["object_info"] = info["TomeCoreToMeAdvanced"]
-        results["extensions"] = await (await client.get("/extensions")).json()
-        templates = await client.get("/workflow_templates")  # ComfyUI 0.3.x: the template browser's list
-        results["templates"] = await templates.json() if templates.status == 200 else None
-        script = await client.get("/extensions/comfyui-tome/tome.js")
-        results["script_status"], results["script"] = script.status, await script.text()
-
-        bad = small(json.loads((EXAMPLES / "ToMe_SD15_basic.api.json").read_text()), checkpoint)
-        bad["10"]["inputs"]["ratio"] = 0.95
-        response = await client.post("/prompt", json={"prompt": bad})
-        results["bad_status"], results["bad_body"] = response.status, await response.json()
-        results["queued_after_bad"] = prompt_server.prompt_queue.get_tasks_remaining()
-
-        good = small(json.loads((EXAMPLES / "ToMe_SD15_advanced.api.json").read_text()), checkpoint)
-        response = await client.post("/prompt", json={"prompt": good, "client_id": "headless"})
-        results["good_status"], body = response.status, await response.json()
-        prompt_id = body["prompt_id"]
-
-        def worker_step():  # ComfyUI main.py's prompt_worker, one item
-            item, item_id = prompt_server.prompt_queue.get(timeout=10)
-            executor = comfy.execution.PromptExecutor(prompt_server)
-            executor.execute(item[2], item[1], item[3], item[4])
-            status = comfy.execution.PromptQueue.ExecutionStatus(
-                status_str="success" if executor.success else "error", completed=executor.success,
-                messages=executor.status_messages)
-            # 2024 hands the UI outputs over, 0.3.x a ready history entry
-            result = getattr(executor, "history_result", None) or executor.outputs_ui
-            prompt_server.prompt_queue.task_done(item_id, result, status=status)
-            return executor.success
-
-        results["executed"] = await asyncio.get_running_loop().run_in_executor(None, worker_step)
-        history = await (await client.get(f"/history/{prompt_id}")).json()
-        image = history[prompt_id]["outputs"]["7"]["images"][0]
-        view = await client.get("/view", params={"filename": image["filename"], "subfolder": image["subfolder"],
-                                                 "type": image["type"]})
-        results["view_status"], results["png"] = view.status, await view.read()
-        results["tome_ui"] = history[prompt_id]["outputs"]["10"]["tome"][0]
-    finally:
-        await client.close()
-    return results
-
-
 @pytest.fixture(scope="module")
 def http(comfy, checkpoint):
-    return asyncio.run(_session(comfy, checkpoint))
+    """What a headless client sees: node definitions, extensions, a refused and an accepted prompt."""
+    results = {"object_info": comfy.object_info("TomeCoreToMeAdvanced"), "extensions": comfy.get_json("/extensions")}
+    status, raw = comfy.request("GET", "/workflow_templates")  # ComfyUI 0.3.x: the template browser's list
+    results["templates"] = json.loads(raw) if status == 200 else None
+    results["script_status"], script = comfy.request("GET", "/extensions/comfyui-tome/tome.js")
+    results["script"] = script.decode()
+
+    bad = small(json.loads((EXAMPLES / "ToMe_SD15_basic.api.json").read_text()), checkpoint)
+    bad["10"]["inputs"]["ratio"] = 0.95
+    results["bad_status"], raw = comfy.request("POST", "/prompt", {"prompt": bad})
+    results["bad_body"] = json.loads(raw)
+    results["queued_after_bad"] = comfy.get_json("/prompt")["exec_info"]["queue_remaining"]
+
+    good = small(json.loads((EXAMPLES / "ToMe_SD15_advanced.api.json").read_text()), checkpoint)
+    results["good_status"], raw = comfy.request("POST", "/prompt", {"prompt": good, "client_id": "headless"})
+    prompt_id = json.loads(raw)["prompt_id"]
+    results["executed"] = comfy.wait(prompt_id).success
+    history = comfy.get_json(f"/history/{prompt_id}")
+    image = history[prompt_id]["outputs"]["7"]["images"][0]
+    query = urllib.parse.urlencode({"filename": image["filename"], "subfolder": image["subfolder"],
+                                    "type": image["type"]})
+    results["view_status"], results["png"] = comfy.request("GET", f"/view?{query}")
+    results["tome_ui"] = history[prompt_id]["outputs"]["10"]["tome"][0]
+    return results
 
 
 def test_bad_value_is_an_http_400_with_node_errors_before_anything_runs(http):

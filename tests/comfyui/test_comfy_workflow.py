@@ -1,7 +1,7 @@
-"""tome's nodes inside a real ComfyUI: prompt validation, the executor, a real (tiny) SD1.5 checkpoint.
+"""tome's nodes inside a real ComfyUI server: prompt validation, execution, a real (tiny) SD1.5 checkpoint.
 
-Every prompt goes through ComfyUI's own ``execution.validate_prompt`` (what POST /prompt runs
-before answering 400 with ``node_errors``) and ``execution.PromptExecutor``, on CPU, 64x64, 2 steps.
+Every prompt goes through ComfyUI's own ``POST /prompt`` (validation: HTTP 400 with
+``node_errors``) and its prompt worker; results come back through ``/history``. CPU, 64x64, 2 steps.
 """
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from comfy_env import PromptInvalid, RecordingServer, api_prompt
+import comfy_env
+from comfy_env import PromptInvalid, api_prompt
 
 BASIC = {"class_type": "TomeCoreToMe", "inputs": {"ratio": 0.5, "max_downsample": 1}}
 ADVANCED_DEFAULTS = {"ratio": 0.5, "max_downsample": 1, "sx": 2, "sy": 2, "use_rand": True, "tome_seed": 0,
@@ -25,71 +26,70 @@ def pixels(path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"), dtype=np.int16)
 
 
-@pytest.fixture(scope="module")
-def executor(comfy, checkpoint):
-    """One executor for the module, so the checkpoint and the text encodings are loaded once."""
-    return comfy.execution.PromptExecutor(RecordingServer())
-
-
-def run_image(comfy, prompt, executor=None) -> np.ndarray:
-    result = comfy.run(prompt, executor)
+def run_image(comfy, prompt) -> np.ndarray:
+    result = comfy.run(prompt)
     assert result.success, result.error_message()
     assert len(result.images) == 1, result.images
     return pixels(result.images[0])
 
 
 @pytest.fixture(scope="module")
-def baseline(comfy, executor):
-    return run_image(comfy, api_prompt(None, prefix="plain"), executor)
+def baseline(comfy, checkpoint):
+    return run_image(comfy, api_prompt(None, prefix="plain"))
 
 
 @pytest.fixture(scope="module")
-def tome_run(comfy, executor):
-    result = comfy.run(api_prompt(BASIC, prefix="tome"), executor)
+def tome_run(comfy, checkpoint):
+    result = comfy.run(api_prompt(BASIC, prefix="tome"))
     assert result.success, result.error_message()
     return result
 
 
 def test_nodes_are_registered_beside_core_tome(comfy):
-    mappings, names = comfy.nodes.NODE_CLASS_MAPPINGS, comfy.nodes.NODE_DISPLAY_NAME_MAPPINGS
-    assert mappings["TomeCoreToMe"].__name__ == "ToMe"
-    assert mappings["TomeCoreToMeAdvanced"].__name__ == "ToMeAdvanced"
-    assert mappings["TomePatchModel"].__module__.endswith("nodes_tomesd")  # core's node is untouched
-    assert names["TomeCoreToMe"] == "ToMe (token merging)"
-    assert names["TomeCoreToMeAdvanced"] == "ToMe (advanced)"
-    assert any(path.endswith("web") for path in comfy.nodes.EXTENSION_WEB_DIRS.values())
+    basic, advanced_node = comfy.object_info("TomeCoreToMe"), comfy.object_info("TomeCoreToMeAdvanced")
+    assert basic["display_name"] == "ToMe (token merging)"
+    assert advanced_node["display_name"] == "ToMe (advanced)"
+    core = comfy.object_info("TomePatchModel")  # core's own node is still there, unchanged
+    assert core["display_name"] != basic["display_name"] and "ratio" in core["input"]["required"]
+    if "python_module" in basic:  # 2025+ reports where a node comes from
+        assert core["python_module"] in ("comfy_extras.nodes_tomesd", "nodes")
+        assert "comfyui-tome" in basic["python_module"]
+    assert "/extensions/comfyui-tome/tome.js" in comfy.get_json("/extensions")
 
 
 def test_tome_writes_a_finite_image_that_differs_from_the_plain_run(baseline, tome_run):
-    assert len(tome_run.images) == 1
     image = pixels(tome_run.images[0])
     assert image.shape == baseline.shape == (64, 64, 3)
-    assert np.isfinite(image).all() and image.std() > 1.0
-    assert np.abs(image - baseline).mean() > 0.5
+    assert image.std() > 1.0  # not blank
+    assert np.abs(image - baseline).mean() > 0.1
+    info = tome_run.outputs["10"]["tome"][0]
+    assert info["ratio"] == 0.5 and info["base_downsample"] == 1 and info["model_type"] == "BaseModel"
 
 
-def test_same_workflow_and_seed_give_the_same_image(comfy, checkpoint):
-    """Two fresh executors (nothing cached): the partition's generator is seeded, never global."""
-    first = run_image(comfy, api_prompt(advanced(ratio=0.6), prefix="repeat_a"))
-    second = run_image(comfy, api_prompt(advanced(ratio=0.6), prefix="repeat_b"))
-    assert np.array_equal(first, second)
+def test_same_workflow_and_seed_give_the_same_image(comfy, tome_run):
+    """Run again with the server's cache emptied: the partition's generator is seeded, never global."""
+    again = comfy.run_fresh(api_prompt(BASIC, prefix="tome"))
+    assert again.success and again.cached_nodes() == []
+    assert np.array_equal(pixels(again.images[-1]), pixels(tome_run.images[0]))
 
 
-def test_the_input_model_is_not_changed(comfy, tome_run):
-    loader_model = comfy.node_output(tome_run.executor, "1")[0][0]
-    tome_model = comfy.node_output(tome_run.executor, "10")[0][0]
-    assert tome_model is not loader_model and tome_model.model is loader_model.model
-    assert "patches" not in loader_model.model_options.get("transformer_options", {})
-    assert loader_model.patches == {} and loader_model.object_patches == {}
-    patches = tome_model.model_options["transformer_options"]["patches"]
-    assert [p.__name__ for p in patches["attn1_patch"]] == ["tome_attn1_patch"]
-    assert [p.__name__ for p in patches["attn1_output_patch"]] == ["tome_attn1_output_patch"]
-
-    # Run the node once more on the same loader output and compare the input before/after.
-    before = repr(loader_model.model_options), dict(loader_model.patches), dict(loader_model.object_patches)
-    node = comfy.nodes.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"]()
-    node.patch(loader_model, **dict(ADVANCED_DEFAULTS, merge_crossattn=True))
-    assert (repr(loader_model.model_options), dict(loader_model.patches), dict(loader_model.object_patches)) == before
+def test_the_input_model_is_not_changed(comfy, baseline):
+    """One graph: the loader's MODEL feeds ToMe and, untouched, a plain sampler; the plain branch's
+    image is the plain run's, and the loader's MODEL carries no patch after ToMe ran on it."""
+    prompt = api_prompt(dict(advanced(merge_crossattn=True)), prefix="patched")
+    prompt["20"] = dict(prompt["5"], inputs=dict(prompt["5"]["inputs"], model=["1", 0]))
+    prompt["21"] = {"class_type": "VAEDecode", "inputs": {"samples": ["20", 0], "vae": ["1", 2]}}
+    prompt["22"] = {"class_type": "SaveImage", "inputs": {"images": ["21", 0], "filename_prefix": "unpatched"}}
+    prompt["30"] = {"class_type": "TomeTestModelReport", "inputs": {"model": ["10", 0], "label": "tome"}}
+    prompt["31"] = {"class_type": "TomeTestModelReport", "inputs": {"model": ["1", 0], "label": "loader"}}
+    result = comfy.run(prompt)
+    assert result.success, result.error_message()
+    [plain] = [pixels(path) for path in result.images if path.name.startswith("unpatched")]
+    assert np.array_equal(plain, baseline)
+    assert result.outputs["31"]["patches"][0]["patches"] == {}
+    patched = result.outputs["30"]["patches"][0]["patches"]
+    assert patched["attn1_patch"] == ["tome_attn1_patch"] and patched["attn2_patch"] == ["tome_attn2_patch"]
+    assert patched["attn1_output_patch"] == ["tome_attn1_output_patch"]
 
 
 @pytest.mark.parametrize("tome", [
@@ -97,8 +97,8 @@ def test_the_input_model_is_not_changed(comfy, tome_run):
     advanced(start_percent=1.0, end_percent=1.0),  # the window holds no step of the schedule
     advanced(min_tokens=100_000),
 ], ids=["ratio0", "empty-window", "min-tokens"])
-def test_inactive_settings_give_exactly_the_plain_image(comfy, executor, baseline, tome):
-    assert np.array_equal(run_image(comfy, api_prompt(tome, prefix="inactive"), executor), baseline)
+def test_inactive_settings_give_exactly_the_plain_image(comfy, baseline, tome):
+    assert np.array_equal(run_image(comfy, api_prompt(tome, prefix="inactive")), baseline)
 
 
 @pytest.mark.parametrize("tome", [
@@ -109,14 +109,14 @@ def test_inactive_settings_give_exactly_the_plain_image(comfy, executor, baselin
     advanced(end_percent=0.5),
     advanced(max_downsample=2, tome_seed=7),
 ], ids=["kv", "kv-avg", "crossattn", "norand-4x2", "first-half", "two-levels"])
-def test_advanced_settings_run_and_change_the_image(comfy, executor, baseline, tome):
-    image = run_image(comfy, api_prompt(tome, prefix="adv"), executor)
+def test_advanced_settings_run_and_change_the_image(comfy, baseline, tome):
+    image = run_image(comfy, api_prompt(tome, prefix="adv"))
     assert np.abs(image - baseline).mean() > 0.1
 
 
-def test_two_tome_nodes_in_one_graph_do_not_interfere(comfy, executor, tome_run):
+def test_two_tome_nodes_in_one_graph_do_not_interfere(comfy, tome_run):
     kv = advanced(mode="kv", ratio=0.75)
-    alone_kv = run_image(comfy, api_prompt(kv, prefix="alone_kv"), executor)
+    alone_kv = run_image(comfy, api_prompt(kv, prefix="alone_kv"))
     alone_basic = pixels(tome_run.images[0])
 
     prompt = api_prompt(BASIC, prefix="branch_a")
@@ -127,18 +127,18 @@ def test_two_tome_nodes_in_one_graph_do_not_interfere(comfy, executor, tome_run)
         for name, value in prompt[new_id]["inputs"].items():
             if isinstance(value, list) and value[0] in renamed:
                 prompt[new_id]["inputs"][name] = [renamed[value[0]], value[1]]
-    result = comfy.run(prompt, comfy.execution.PromptExecutor(RecordingServer()))
+    result = comfy.run(prompt)
     assert result.success, result.error_message()
     by_prefix = {path.name.split("_")[1]: pixels(path) for path in result.images}
     assert np.array_equal(by_prefix["a"], alone_basic)
     assert np.array_equal(by_prefix["b"], alone_kv)
 
 
-def test_composes_with_self_attention_guidance(comfy, executor, baseline):
+def test_composes_with_self_attention_guidance(comfy, baseline):
     """SAG replaces the middle block's attn1; ToMe (level 1 only) merges around it."""
     sag = {"class_type": "SelfAttentionGuidance", "inputs": {"scale": 0.5, "blur_sigma": 2.0}}
-    with_sag = run_image(comfy, api_prompt(None, prefix="sag", pre_nodes=[sag]), executor)
-    both = run_image(comfy, api_prompt(BASIC, prefix="sag_tome", pre_nodes=[sag]), executor)
+    with_sag = run_image(comfy, api_prompt(None, prefix="sag", pre_nodes=[sag]))
+    both = run_image(comfy, api_prompt(BASIC, prefix="sag_tome", pre_nodes=[sag]))
     assert np.abs(both - with_sag).mean() > 0.1 and both.std() > 1.0
 
 
@@ -165,41 +165,34 @@ def test_bad_widget_values_fail_validation_naming_the_input(comfy, checkpoint, t
 
 
 def test_unsupported_model_is_an_execution_error_naming_the_model(comfy, checkpoint):
-    """A transformer-only model stand-in: building a real DiT checkpoint small enough for CPU tests
-    is not possible with this ComfyUI, so a loader node returns a real ModelPatcher around a module
-    named like ComfyUI's Flux model class that has no BasicTransformerBlock."""
-    import torch
-    from comfy.model_patcher import ModelPatcher
-
-    class Flux(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.diffusion_model = torch.nn.Sequential(torch.nn.Linear(4, 4))
-
-    class StandInDiTLoader:
-        RETURN_TYPES = ("MODEL",)
-        FUNCTION = "load"
-        CATEGORY = "testing"
-
-        @classmethod
-        def INPUT_TYPES(cls):
-            return {"required": {}}
-
-        def load(self):
-            return (ModelPatcher(Flux(), torch.device("cpu"), torch.device("cpu")),)
-
-    comfy.nodes.NODE_CLASS_MAPPINGS["TomeTestDiTLoader"] = StandInDiTLoader
-    try:
-        prompt = api_prompt(BASIC, prefix="dit")
-        prompt["10"]["inputs"]["model"] = ["9", 0]
-        prompt["9"] = {"class_type": "TomeTestDiTLoader", "inputs": {}}
-        result = comfy.run(prompt)
-    finally:
-        del comfy.nodes.NODE_CLASS_MAPPINGS["TomeTestDiTLoader"]
+    """A transformer-only model stand-in (tome_test_nodes' loader: a real ModelPatcher around a
+    module named like ComfyUI's Flux class, without BasicTransformerBlock)."""
+    prompt = api_prompt(BASIC, prefix="dit")
+    prompt["10"]["inputs"]["model"] = ["9", 0]
+    prompt["9"] = {"class_type": "TomeTestDiTLoader", "inputs": {}}
+    result = comfy.run(prompt)
     assert not result.success and not result.images
     error = result.error_message()
     assert error["node_id"] == "10" and error["node_type"] == "TomeCoreToMe"
     assert "Flux" in error["exception_message"] and "Supported" in error["exception_message"]
+
+
+@pytest.fixture(scope="module")
+def loader_model(comfy, checkpoint):
+    """The checkpoint's MODEL, loaded in this process with ComfyUI's own loader (no server, no executor)."""
+    import importlib
+
+    comfy_env.import_comfy(comfy.comfy_dir)
+    comfy_sd = importlib.import_module("comfy.sd")
+    path = comfy.checkpoint_dir / checkpoint
+    return comfy_sd.load_checkpoint_guess_config(str(path), output_vae=False, output_clip=False)[0]
+
+
+def _hypertile_node():
+    """HyperTile is a classic node in 2024 ComfyUI and a schema (V3) node in 0.3.x."""
+    from comfy_extras.nodes_hypertile import HyperTile
+
+    return HyperTile
 
 
 def _hypertile_block_output(comfy, patcher, x):
@@ -221,36 +214,34 @@ def _hypertile_block_output(comfy, patcher, x):
                      transformer_options=options)
 
 
-def _apply_hypertile(comfy, model, **inputs):
-    """HyperTile is a classic node in 2024 ComfyUI and a schema (V3) node in 0.3.x."""
-    node = comfy.nodes.NODE_CLASS_MAPPINGS["HyperTile"]
+def _apply_hypertile(model, **inputs):
+    node = _hypertile_node()
     if hasattr(node, "FUNCTION"):
         return getattr(node(), node.FUNCTION)(model, **inputs)[0]
     return node.execute(model, **inputs).result[0]
 
 
-def test_hypertile_then_tome_leaves_tiled_blocks_alone_and_the_reverse_fails_loudly(comfy, tome_run):
+def test_hypertile_then_tome_leaves_tiled_blocks_alone_and_the_reverse_fails_loudly(comfy, tome_package, loader_model):
     """ComfyUI runs attn1 output patches in registration order (not nested): ToMe must not act on
-    tokens HyperTile tiled, and must refuse when HyperTile tiles tokens ToMe merged."""
+    tokens HyperTile tiled, and must refuse when HyperTile tiles tokens ToMe merged. Real ComfyUI
+    objects in this process: the loaded model, HyperTile's own node, a real BasicTransformerBlock."""
     import torch
 
-    loader_model = comfy.node_output(tome_run.executor, "1")[0][0]
-    tome = comfy.nodes.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"]()
+    tome = tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"]()
     x = torch.randn(2, 64 * 64, 32, generator=torch.Generator().manual_seed(0))
 
-    tiled = _apply_hypertile(comfy, loader_model, tile_size=256, swap_size=1, max_depth=1, scale_depth=False)
+    tiled = _apply_hypertile(loader_model, tile_size=256, swap_size=1, max_depth=1, scale_depth=False)
     (tiled_then_tome,) = tome.patch(tiled, **ADVANCED_DEFAULTS)["result"]
     alone = _hypertile_block_output(comfy, tiled, x)
     assert torch.equal(_hypertile_block_output(comfy, tiled_then_tome, x), alone)
 
     (merged,) = tome.patch(loader_model, **dict(ADVANCED_DEFAULTS, ratio=0.75))["result"]
-    merged_then_tiled = _apply_hypertile(comfy, merged, tile_size=32, swap_size=1, max_depth=1, scale_depth=False)
+    merged_then_tiled = _apply_hypertile(merged, tile_size=32, swap_size=1, max_depth=1, scale_depth=False)
     with pytest.raises(RuntimeError, match="HyperTile"):
         _hypertile_block_output(comfy, merged_then_tiled, x)
 
 
-def test_a_second_tome_node_in_a_row_changes_nothing(comfy, executor, tome_run):
+def test_a_second_tome_node_in_a_row_changes_nothing(comfy, tome_run):
     """Only the first ToMe patch acts on a block; the image is the first node's alone."""
-    chained = run_image(comfy, api_prompt(advanced(mode="kv", ratio=0.75), prefix="chained", pre_nodes=[BASIC]),
-                        executor)
+    chained = run_image(comfy, api_prompt(advanced(mode="kv", ratio=0.75), prefix="chained", pre_nodes=[BASIC]))
     assert np.array_equal(chained, pixels(tome_run.images[0]))

@@ -1,0 +1,51 @@
+"""Test-only ComfyUI nodes, loaded only by the tests' ComfyUI server (its custom_nodes search path).
+
+They let a test observe, through the server's HTTP API, what it could otherwise see only inside
+ComfyUI's executor: a model ToMe cannot patch, and which patches a MODEL carries.
+"""
+from __future__ import annotations
+
+
+class TomeTestDiTLoader:
+    """A real ModelPatcher around a model named like ComfyUI's Flux class, without UNet blocks
+    (a transformer-only model small enough for CPU tests)."""
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "load"
+    CATEGORY = "testing"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}}
+
+    def load(self):
+        import torch
+        from comfy.model_patcher import ModelPatcher
+
+        class Flux(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.diffusion_model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+
+        return (ModelPatcher(Flux(), torch.device("cpu"), torch.device("cpu")),)
+
+
+class TomeTestModelReport:
+    """Reports the attention patches registered on the MODEL it receives, in its UI output."""
+
+    RETURN_TYPES = ()
+    FUNCTION = "report"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "label": ("STRING", {"default": ""})}}
+
+    def report(self, model, label):
+        patches = model.model_options.get("transformer_options", {}).get("patches", {})
+        names = {kind: [getattr(f, "__name__", type(f).__name__) for f in fs] for kind, fs in patches.items()}
+        return {"ui": {"patches": [{"label": label, "patches": names}]}}
+
+
+NODE_CLASS_MAPPINGS = {"TomeTestDiTLoader": TomeTestDiTLoader, "TomeTestModelReport": TomeTestModelReport}
