@@ -4,9 +4,10 @@ from __future__ import annotations
 from typing import TypeVar
 
 from .config import ToMeConfig
+from .dit import diffusers_dit
 from .hooks import STATE_ATTR, install, uninstall
 from .levels import attention_base_downsample
-from .targets import find_unets, patched_modules
+from .targets import SUPPORTED, find_unets, patched_modules
 
 Model = TypeVar("Model")
 
@@ -43,6 +44,18 @@ def apply_patch(
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, kv_downsample=kv_downsample, seed=seed,
         start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens,
     )
+    dit = diffusers_dit.find_dit(model)
+    if dit is not None:  # Flux, SD3/3.5, Wan: mode "kv" through per-attention hooks (tome_core/dit)
+        diffusers_dit.check_config(dit, config)
+        remove_patch(model)
+        diffusers_dit.install(dit, config)
+        return model
+    unsupported = diffusers_dit.unsupported_dit(model)
+    if unsupported is not None:
+        raise TypeError(
+            f"ToMe: {unsupported} is a transformer-only model that ToMe cannot reach; supported DiTs: "
+            f"{', '.join(diffusers_dit.FAMILIES)} (mode='kv'), UNets: {SUPPORTED}."
+        )
     unets = check_patchable(model)
     remove_patch(model)
     for unet in unets:
@@ -65,14 +78,19 @@ def remove_patch(model: Model) -> Model:
     """Undo ``apply_patch`` exactly: every hook and the state attribute go; unpatched models pass through."""
     for module in patched_modules(model, STATE_ATTR):
         uninstall(module)
+    for module in patched_modules(model, diffusers_dit.STATE_ATTR):
+        diffusers_dit.uninstall(module)
     return model
 
 
 def is_patched(model: object) -> bool:
-    return bool(patched_modules(model, STATE_ATTR))
+    return bool(patched_modules(model, STATE_ATTR) or patched_modules(model, diffusers_dit.STATE_ATTR))
 
 
 def patch_config(model: object) -> "ToMeConfig | None":
     """The config of the patch on ``model`` (its first patched UNet), or None."""
     modules = patched_modules(model, STATE_ATTR)
+    if not modules:
+        dits = patched_modules(model, diffusers_dit.STATE_ATTR)
+        return dits[0].__dict__[diffusers_dit.STATE_ATTR].config if dits else None
     return getattr(modules[0], STATE_ATTR).config if modules else None

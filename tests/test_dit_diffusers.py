@@ -1,0 +1,226 @@
+"""Mode "kv" on real diffusers DiTs (Flux, SD3/3.5, Wan), reduced in size, seeded weights."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+diffusers = pytest.importorskip("diffusers")
+
+from tome_core import apply_patch, is_patched, remove_patch  # noqa: E402
+from tome_core.dit.diffusers_dit import STATE_ATTR  # noqa: E402
+
+
+def _seed_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every weight random (diffusers zero-initialises some output layers: comparisons would pass trivially)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            fan_in = p.shape[-1] if p.dim() >= 2 else 16
+            p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+    return model.eval()
+
+
+def flux(h: int = 6, w: int = 7, batch: int = 1, text: int = 5):
+    model = _seed_weights(diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 6, 6)))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.zeros(h, w, 3)
+    ids[..., 1] = torch.arange(h)[:, None]
+    ids[..., 2] = torch.arange(w)[None, :]
+    inputs = dict(hidden_states=torch.randn(batch, h * w, 16, generator=g),
+                  encoder_hidden_states=torch.randn(batch, text, 32, generator=g),
+                  pooled_projections=torch.randn(batch, 32, generator=g), timestep=torch.full((batch,), 0.6),
+                  img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(text, 3))
+    return model, inputs, dict(prefix=text, suffix=0, grid=(h, w))
+
+
+def sd3(h: int = 10, w: int = 14, batch: int = 1, text: int = 6):
+    model = _seed_weights(diffusers.SD3Transformer2DModel(
+        sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=32, out_channels=4,
+        pos_embed_max_size=32, dual_attention_layers=(0,)))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, 4, h, w, generator=g),
+                  encoder_hidden_states=torch.randn(batch, text, 32, generator=g),
+                  pooled_projections=torch.randn(batch, 32, generator=g), timestep=torch.full((batch,), 600.0))
+    return model, inputs, dict(prefix=0, suffix=text, grid=(h // 2, w // 2))
+
+
+def wan(frames: int = 5, h: int = 10, w: int = 6, batch: int = 1):
+    model = _seed_weights(diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, 4, frames, h, w, generator=g),
+                  encoder_hidden_states=torch.randn(batch, 7, 16, generator=g),
+                  timestep=torch.full((batch,), 600.0))
+    return model, inputs, dict(prefix=0, suffix=0, grid=(frames, h // 2, w // 2))
+
+
+FAMILIES = {"flux": flux, "sd3": sd3, "wan": wan}
+
+
+def run(model, inputs) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(**inputs, return_dict=False)[0]
+
+
+class SpyAttention(TorchFunctionMode):
+    """Records the real query/key/value of every scaled_dot_product_attention call, as the kernel gets them."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            names = ("query", "key", "value")
+            bound = dict(zip(names, args), **{k: v for k, v in kwargs.items() if k in names})
+            self.calls.append(tuple(bound[n].clone() for n in names))
+        return func(*args, **kwargs)
+
+
+def spied(model, inputs):
+    spy = SpyAttention()
+    with spy:
+        out = run(model, inputs)
+    return out, spy.calls
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ratio_zero_and_removal_are_bit_identical(family):
+    model, inputs, _ = FAMILIES[family]()
+    expected = run(model, inputs)
+    apply_patch(model, ratio=0.0, mode="kv")
+    assert is_patched(model) and torch.equal(run(model, inputs), expected)
+    apply_patch(model, ratio=0.5, mode="kv")
+    changed = run(model, inputs)
+    assert not torch.equal(changed, expected)
+    rel = ((changed - expected).norm() / expected.norm()).item()
+    assert 0 < rel < 1.0, rel
+    remove_patch(model)
+    assert not is_patched(model) and STATE_ATTR not in model.__dict__
+    assert sum(len(m._forward_pre_hooks) + len(m._forward_hooks) + len(m._forward_pre_hooks_with_kwargs)
+               for m in model.modules()) == 0
+    assert torch.equal(run(model, inputs), expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_queries_and_text_untouched_image_keys_are_real_picks(family):
+    model, inputs, where = FAMILIES[family]()
+    _, vanilla = spied(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv", seed=4)
+    _, patched = spied(model, inputs)
+    state = model.__dict__[STATE_ATTR]
+    assert len(patched) == len(vanilla) and state.reduced_calls > 0
+    q0, k0, v0 = vanilla[0]
+    q1, k1, v1 = patched[0]  # the first attention: same inputs with and without the patch
+    assert torch.equal(q0, q1)
+    pre, suf = where["prefix"], where["suffix"]
+    n = k0.shape[-2]
+    assert k1.shape[-2] < n
+    if pre:
+        assert torch.equal(k1[..., :pre, :], k0[..., :pre, :]) and torch.equal(v1[..., :pre, :], v0[..., :pre, :])
+    if suf:
+        assert torch.equal(k1[..., -suf:, :], k0[..., -suf:, :]) and torch.equal(v1[..., -suf:, :], v0[..., -suf:, :])
+    # Every kept image key is a real rotated key of the unpatched run, each from a different position.
+    img0 = k0[..., pre:n - suf, :]
+    img1 = k1[..., pre:k1.shape[-2] - suf, :]
+    match = (img1[0, 0][:, None, :] == img0[0, 0][None, :, :]).all(-1)
+    assert (match.sum(1) >= 1).all()
+    assert match.float().argmax(1).unique().numel() == img1.shape[-2]
+    for (qa, _, _), (qb, kb, vb) in zip(vanilla, patched):
+        assert qa.shape == qb.shape  # every query kept in every block
+        assert kb.shape[-2] == vb.shape[-2]
+
+
+@pytest.mark.parametrize("family,size", [("flux", dict(h=5, w=3)), ("sd3", dict(h=6, w=10)),
+                                         ("wan", dict(frames=3, h=6, w=10)), ("wan", dict(frames=1, h=6, w=6))])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_odd_sizes_and_batches(family, size, batch):
+    model, inputs, where = FAMILIES[family](batch=batch, **size)
+    expected = run(model, inputs)
+    apply_patch(model, ratio=0.75, mode="kv")
+    out = run(model, inputs)
+    assert out.shape == expected.shape and torch.isfinite(out).all() and not torch.equal(out, expected)
+    assert model.__dict__[STATE_ATTR].reduced_calls > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16(family):
+    model, inputs, _ = FAMILIES[family]()
+    model = model.to(torch.bfloat16)
+    inputs = {k: v.to(torch.bfloat16) if v.is_floating_point() and "ids" not in k else v for k, v in inputs.items()}
+    expected = run(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv")
+    out = run(model, inputs)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+    remove_patch(model)
+    assert torch.equal(run(model, inputs), expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_same_seed_same_output_other_seed_other_picks(family):
+    model, inputs, _ = FAMILIES[family]()
+    apply_patch(model, ratio=0.5, mode="kv", seed=1)
+    a, b = run(model, inputs), run(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv", seed=2)
+    c = run(model, inputs)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_pipeline_like_object_patches_its_transformer():
+    model, inputs, _ = flux()
+
+    class Holder:  # what apply_patch reads of a pipeline without a components dict
+        transformer = model
+
+    holder = Holder()
+    apply_patch(holder, ratio=0.5, mode="kv")
+    assert STATE_ATTR in model.__dict__
+    remove_patch(model)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_merge_and_avg_are_refused_naming_the_model(family):
+    model, inputs, _ = FAMILIES[family]()
+    name = type(model).__name__
+    with pytest.raises(ValueError, match=f"{name} is a transformer-only model.*use mode='kv'"):
+        apply_patch(model, ratio=0.5)
+    with pytest.raises(ValueError, match=f"not supported on {name}.*RoPE.*kv_downsample='nearest'"):
+        apply_patch(model, ratio=0.5, mode="kv", kv_downsample="avg")
+    assert not is_patched(model)
+
+
+def test_pixart_is_refused_naming_the_model():
+    model = diffusers.PixArtTransformer2DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=1, sample_size=8,
+        cross_attention_dim=16, caption_channels=16)
+    with pytest.raises(TypeError, match="PixArtTransformer2DModel is a transformer-only model that ToMe cannot reach"):
+        apply_patch(model, ratio=0.5, mode="kv")
+    assert not is_patched(model)
+
+
+def test_schedule_turns_reduction_off_outside_its_range():
+    model, inputs, _ = flux()
+    expected = run(model, inputs)  # flux timestep 0.6 -> progress 0.4
+    apply_patch(model, ratio=0.5, mode="kv", start_percent=0.5)
+    assert torch.equal(run(model, inputs), expected)
+    apply_patch(model, ratio=0.5, mode="kv", end_percent=0.5)
+    assert not torch.equal(run(model, inputs), expected)
+
+
+def test_flux_reference_tokens_are_left_alone():
+    """Kontext-style ids (a second image with first id 1) cannot be placed on one grid: nothing is reduced."""
+    model, inputs, _ = flux(h=4, w=4)
+    ids = inputs["img_ids"].clone()
+    ids[8:, 0] = 1
+    inputs["img_ids"] = ids
+    expected = run(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv")
+    assert torch.equal(run(model, inputs), expected)
+    assert model.__dict__[STATE_ATTR].reduced_calls == 0

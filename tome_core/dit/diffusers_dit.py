@@ -1,0 +1,183 @@
+"""Mode "kv" on diffusers DiTs (Flux, SD3/3.5, Wan) through per-module hooks; no diffusers import.
+
+Where to act: these models apply RoPE and concatenate text with image tokens *inside* their
+attention processors, so the only point that sees the final (rotated, concatenated) keys is the
+attention call itself. A forward pre-hook on each patched attention module enters a
+``TorchFunctionMode`` that lives only for that module's forward and shortens the keys/values
+handed to ``torch.nn.functional.scaled_dot_product_attention`` (diffusers' native backend and
+SD3's processor both end there); a forward hook (always_call) leaves it. No processor is replaced
+or copied and no global is touched; removal takes the hooks and the state attribute away.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ..config import ToMeConfig
+from ..plan import partition_seed
+from .families import FAMILIES, TIMESTEP_ARG, find_dit, unsupported_dit
+from .grid import TokenLayout
+from .kv import dit_window, keep_index, pick_index_nd
+
+STATE_ATTR = "_tome_dit"
+_LOG = logging.getLogger("tome.dit")
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def check_config(model: torch.nn.Module, config: ToMeConfig) -> None:
+    """Refuse what would give users a different image than they asked for, naming the model and the fix."""
+    name = type(model).__name__
+    if config.mode != "kv":
+        raise ValueError(
+            f"ToMe: mode={config.mode!r} merges tokens through UNet transformer blocks; {name} is a "
+            "transformer-only model (DiT): use mode='kv', which keeps every query and text token and "
+            "downsamples only the image tokens' keys/values."
+        )
+    if config.kv_downsample != "nearest":
+        raise ValueError(
+            f"ToMe: kv_downsample={config.kv_downsample!r} is not supported on {name}: its keys are "
+            "rotary-encoded (RoPE) and averaging keys rotated by different angles does not give the key "
+            "of any position; use kv_downsample='nearest'."
+        )
+
+
+class _KVMode(TorchFunctionMode):
+    """Shortens the keys/values of the scaled_dot_product_attention calls made inside one module's forward."""
+
+    def __init__(self, state: "DiTState", layout: TokenLayout, keep: torch.Tensor, where: str) -> None:
+        super().__init__()
+        self.state, self.layout, self.keep, self.where = state, layout, keep, where
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            bound = dict(zip(_SDPA_ARGS, args), **kwargs)
+            self.state.sdpa_calls += 1
+            key, value, mask = bound["key"], bound["value"], bound.get("attn_mask")
+            if key.shape[-2] == self.layout.length and value.shape[-2] == self.layout.length \
+                    and not bound.get("is_causal", False):
+                keep = self.keep.to(key.device) if self.keep.device != key.device else self.keep
+                bound["key"], bound["value"] = key.index_select(-2, keep), value.index_select(-2, keep)
+                if isinstance(mask, torch.Tensor) and mask.shape[-1] == self.layout.length:
+                    bound["attn_mask"] = mask.index_select(-1, keep)
+                self.state.reduced_calls += 1
+            else:
+                self.state.warn_once(f"skip:{self.where}", f"ToMe: {self.where}: keys of length {key.shape[-2]} "
+                                     f"do not match the token layout {self.layout}; left unreduced.")
+            return func(**bound)
+        return func(*args, **kwargs)
+
+
+class DiTState:
+    """Everything a patch keeps; lives on the transformer as ``_tome_dit`` (never in a global)."""
+
+    def __init__(self, model: torch.nn.Module, config: ToMeConfig, modules: List[Tuple[str, torch.nn.Module, str]]):
+        self.config = config
+        self.family = FAMILIES[type(model).__name__]
+        self.modules = modules
+        self.handles: List[Any] = []
+        self.current: Optional[Dict[str, Tuple[TokenLayout, torch.Tensor]]] = None
+        self.modes: Dict[int, _KVMode] = {}
+        self._cache: Dict[Tuple, torch.Tensor] = {}
+        self._warned: set = set()
+        self.sdpa_calls = 0
+        self.reduced_calls = 0
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            _LOG.warning(message)
+
+    def keep_for(self, layout: TokenLayout, step_key: float, device: torch.device) -> torch.Tensor:
+        """Kept sequence indices, built once per (layout, step, device) with a generator seeded like UNets'."""
+        config = self.config
+        key = (layout, step_key if config.use_rand else None, str(device))
+        keep = self._cache.get(key)
+        if keep is None:
+            grid = layout.grid
+            window = dit_window(config.ratio, grid, config.sx, config.sy)
+            h, w = grid[-2], grid[-1]
+            generator = None
+            if config.use_rand:
+                seed = partition_seed(config.seed, step_key, h * (grid[0] if len(grid) == 3 else 1), w)
+                generator = torch.Generator().manual_seed(seed)
+            if len(self._cache) >= 16:
+                self._cache.clear()
+            keep = self._cache[key] = keep_index(layout, pick_index_nd(grid, window, generator)).to(device)
+        return keep
+
+
+def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    state: DiTState = model.__dict__[STATE_ATTR]
+    state.current = None
+    config = state.config
+    if not config.enabled:
+        return
+    layout = state.family.layout(model, {"args": args, "kwargs": kwargs})
+    if layout is None:
+        state.warn_once("layout", f"ToMe: {type(model).__name__}: could not place the image tokens of this call "
+                        "(e.g. reference-image tokens); attention left unreduced.")
+        return
+    if layout.grid_tokens < max(config.min_tokens, 2):
+        return
+    index, name = TIMESTEP_ARG[state.family.name]
+    timestep = kwargs.get(name, args[index] if len(args) > index else None)
+    # One host read per model call (not per block): the step drives the schedule and the seed.
+    step = float(timestep.flatten()[0]) if isinstance(timestep, torch.Tensor) else float(timestep or 0.0)
+    progress = 1.0 - step / state.family.progress_scale
+    if not config.in_schedule(min(max(progress, 0.0), 1.0)):
+        return
+    window = dit_window(config.ratio, layout.grid, config.sx, config.sy)
+    if all(s == 1 for s in window):
+        return
+    device = next(model.parameters()).device
+    image = layout.image_only()
+    state.current = {"joint": (layout, state.keep_for(layout, step, device)),
+                     "image": (image, state.keep_for(image, step, device))}
+
+
+def _enter(state: DiTState, name: str, kind: str):
+    def pre_hook(module: torch.nn.Module, args: tuple) -> None:
+        if state.current is None:
+            return
+        layout, keep = state.current[kind]
+        mode = _KVMode(state, layout, keep, name)
+        mode.__enter__()
+        state.modes[id(module)] = mode
+    return pre_hook
+
+
+def _leave(state: DiTState):
+    def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
+        mode = state.modes.pop(id(module), None)
+        if mode is not None:
+            mode.__exit__(None, None, None)
+    return hook
+
+
+def install(model: torch.nn.Module, config: ToMeConfig) -> DiTState:
+    """Hook every attention of ``model`` (a supported DiT; see ``find_dit``). Raises before patching anything."""
+    check_config(model, config)
+    family = FAMILIES[type(model).__name__]
+    modules = family.attentions(model)
+    state = DiTState(model, config, modules)
+    state.handles.append(model.register_forward_pre_hook(_on_model_call, with_kwargs=True))
+    for name, module, kind in modules:
+        state.handles.append(module.register_forward_pre_hook(_enter(state, name, kind)))
+        state.handles.append(module.register_forward_hook(_leave(state), always_call=True))
+    model.__dict__[STATE_ATTR] = state
+    return state
+
+
+def uninstall(model: torch.nn.Module) -> None:
+    state = model.__dict__.pop(STATE_ATTR, None)
+    if state is not None:
+        for handle in state.handles:
+            handle.remove()
+
+
+__all__ = ["STATE_ATTR", "check_config", "find_dit", "install", "uninstall", "unsupported_dit", "DiTState"]
