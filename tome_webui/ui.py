@@ -13,6 +13,8 @@ from .options import (FIELDS, INFOTEXT_KEYS, KV_DOWNSAMPLE_CHOICES, MAX_DOWNSAMP
                       enabled_from_infotext)
 
 TITLE = "ToMe (token merging)"
+FORGE_MLP_NOTE = ("Merge MLP is not offered here: Forge's UNet patcher has no patch point around the "
+                  "feed-forward (an API request that sets it is refused).")
 
 
 @contextlib.contextmanager
@@ -67,6 +69,8 @@ def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_acc
                                               elem_id=script.elem_id("merge_crossattn"))
                 merge_mlp = gr.Checkbox(label="Merge MLP", value=d.merge_mlp and not forge, visible=not forge,
                                         interactive=not forge, elem_id=script.elem_id("merge_mlp"))
+            if forge:
+                gr.Markdown(FORGE_MLP_NOTE, elem_id=script.elem_id("merge_mlp_note"))
             with gr.Row():
                 start_percent = gr.Slider(label="Start percent", minimum=0.0, maximum=1.0, step=0.01,
                                           value=d.start_percent, elem_id=script.elem_id("start_percent"))

@@ -44,10 +44,41 @@ def test_api_answers_a_bad_value_with_an_error_carrying_the_engines_message(scri
 
 def test_the_ui_shows_the_error_and_no_image(script, host, sd_model):
     p = make_p(sd_model, host, script, script_args(ratio=5))
-    images, html = wd.wrap_gradio_call(lambda: wd.txt2img(p))()
+    outputs = wd.wrap_gradio_call(lambda: wd.txt2img_ui(p), extra_outputs=wd.TXT2IMG_EXTRA_OUTPUTS)()
+    images, _, _, error_box = outputs
     assert images is None
-    assert html.startswith("<div class='error'>ValueError: ToMe: ratio must be in") and p.closed
+    assert error_box.startswith("<div class='error'>ValueError: ToMe: ratio must be in") and p.closed
     assert not any(key in p.extra_generation_params for key in INFOTEXT_KEYS)
+
+
+def test_the_ui_shows_a_string_for_a_number_naming_tome_and_the_input(script, host, sd_model):
+    p = make_p(sd_model, host, script, script_args(ratio="abc"))
+    images, _, _, error_box = wd.wrap_gradio_call(lambda: wd.txt2img_ui(p), extra_outputs=wd.TXT2IMG_EXTRA_OUTPUTS)()
+    assert images is None and "ValueError: ToMe: ratio must be a number, got &#x27;abc&#x27;" in error_box
+
+
+def test_a_good_ui_run_gives_images_and_tome_in_the_info(script, host, sd_model):
+    p = make_p(sd_model, host, script, script_args(ratio=0.5))
+    images, _, info, _ = wd.wrap_gradio_call(lambda: wd.txt2img_ui(p), extra_outputs=wd.TXT2IMG_EXTRA_OUTPUTS)()
+    assert len(images) == 1 and "ToMe ratio: 0.5" in info
+    assert_clean(sd_model)
+
+
+def test_xyz_cells_copied_from_one_p_do_not_inherit_a_refusal(script, host, sd_model):
+    """xyz_grid's cells are ``copy(p)`` of the one p; a refused cell stops the job, and a later
+    cell (or run) made from the same p generates normally with ToMe."""
+    parent = make_p(sd_model, host, script, script_args(ratio=0.5))
+    bad = wd.copy_p(parent)
+    bad.tome_overrides = {"ratio": 5}  # as the XYZ "ToMe ratio" axis sets it
+    with pytest.raises(ValueError, match="ratio must be in"):
+        wd.process_images(bad)
+    assert "sample" not in vars(parent)
+    good = wd.copy_p(bad)  # even a copy of the refused cell itself
+    good.tome_overrides = {"ratio": 0.4}
+    out = wd.process_images(good)
+    assert "ToMe ratio: 0.4" in out.info and len(out.images) == 1
+    wd.txt2img(parent)
+    assert_clean(sd_model)
 
 
 def test_the_refusal_never_reaches_sampling_and_a_good_run_after_it_is_normal(script, host, sd_model, reference):
@@ -71,7 +102,7 @@ def test_a_good_api_request_gives_an_image_with_tome_in_the_infotext(script, hos
     status, body = wd.api_txt2img(sd_model, host.opts, [script], api_request(ratio=0.4))
     assert status == 200 and body["images"] and "ToMe ratio: 0.4" in body["info"]
     status, body = wd.api_txt2img(sd_model, host.opts, [script], {"alwayson_scripts": {"NoSuch": {"args": []}}})
-    assert status == 422 and body["errors"] == "always on script NoSuch not found"
+    assert status == 422 and body["detail"] == "Script 'NoSuch' not found" and body["error"] == "HTTPException"
 
 
 class NotAUNet(torch.nn.Module):
@@ -127,6 +158,37 @@ def test_forge_bad_values_behave_as_in_a1111(script, host, comfy_patcher):
         assert status == 500 and message in body["errors"] and model.patches_seen == []
 
 
+def forge_ui(host, script, patcher, main_thread, **values):
+    """The Generate button on a Forge-family host: wrap_gradio_gpu_call -> txt2img -> main_thread."""
+    model = ForgeModel(patcher)
+    p = make_p(model, host, script, script_args(**values))
+    run = wd.wrap_gradio_call(lambda: main_thread.run_and_wait_result(wd.txt2img_ui, p, forge=True),
+                              extra_outputs=wd.TXT2IMG_EXTRA_OUTPUTS, main_thread=main_thread)
+    return run(), model, p
+
+
+def test_forge_ui_shows_tomes_message(script, host, comfy_patcher):
+    """Forge head keeps main_thread.last_exception, and its wrap_gradio_call shows that one."""
+    main_thread = wd.MainThread(keeps_last_exception=True)
+    (images, _, _, error_box), model, p = forge_ui(host, script, comfy_patcher, main_thread, merge_mlp=True)
+    assert images is None and model.patches_seen == []
+    assert error_box.startswith("<div class='error'>ValueError: ToMe: merge_mlp is not available")
+    assert not any(key in p.extra_generation_params for key in INFOTEXT_KEYS)
+    (images, _, info, _), model, _ = forge_ui(host, script, comfy_patcher, main_thread, ratio=0.5)
+    assert len(images) == 1 and "ToMe ratio: 0.5" in info and model.patches_seen[0] > 0
+
+
+def test_reforge_and_forge_classic_ui_stop_the_job_with_the_message_only_in_the_console(script, host, comfy_patcher):
+    """reForge and Forge Classic's main_thread prints the exception and returns None: the job stops
+    without an image, the UI's box shows list(None)'s TypeError, ToMe's message is in the console."""
+    main_thread = wd.MainThread(keeps_last_exception=False)
+    (images, _, _, error_box), model, p = forge_ui(host, script, comfy_patcher, main_thread, ratio=5)
+    assert images is None and model.patches_seen == []
+    assert error_box.startswith("<div class='error'>TypeError: ")
+    assert "ToMe: ratio must be in" in str(main_thread.printed[-1])
+    assert not any(key in p.extra_generation_params for key in INFOTEXT_KEYS)
+
+
 @pytest.fixture
 def forge_installed(monkeypatch):
     """Forge, reForge and Forge Classic ship the package ``modules_forge`` (A1111 does not)."""
@@ -137,15 +199,21 @@ def forge_installed(monkeypatch):
 
 def test_merge_mlp_is_not_offered_on_forge(script_module, host, gr, forge_installed):
     s = script_module.ToMeScript()
-    with gr.Blocks():
+    with gr.Blocks() as demo:
         controls = s.ui(False)
     merge_mlp = controls[[f.name for f in wd_fields()].index("merge_mlp")]
     assert merge_mlp.visible is False and merge_mlp.interactive is False and merge_mlp.value is False
+    notes = [b.value for b in demo.blocks.values() if isinstance(b, gr.Markdown)]
+    assert any("Merge MLP is not offered here" in note for note in notes)
 
 
-def test_merge_mlp_is_offered_on_a1111(script):
-    merge_mlp = script.controls[[f.name for f in wd_fields()].index("merge_mlp")]
+def test_merge_mlp_is_offered_on_a1111(script_module, host, gr):
+    s = script_module.ToMeScript()
+    with gr.Blocks() as demo:
+        controls = s.ui(False)
+    merge_mlp = controls[[f.name for f in wd_fields()].index("merge_mlp")]
     assert merge_mlp.visible is not False and merge_mlp.interactive is not False
+    assert not any("Merge MLP" in str(b.value) for b in demo.blocks.values() if isinstance(b, gr.Markdown))
 
 
 def wd_fields():

@@ -22,7 +22,8 @@ Each follows the real AUTOMATIC1111 (1.6+) / Forge signature and call order it s
   ``sample_hr_pass`` does).
 - ``modules.api.api``: ``text2imgapi``'s ``alwayson_scripts`` mapping (``init_default_script_args``,
   ``init_script_args``) and its exception handler's status and JSON (``api_txt2img``).
-- ``modules.call_queue.wrap_gradio_call``: an exception becomes the UI's error box.
+- ``modules.call_queue.wrap_gradio_call``: an exception becomes the UI's error box; Forge-family
+  UIs run generation through ``modules_forge.main_thread`` (``MainThread``), which swallows it.
 - ``create_infotext`` / ``parse_generation_parameters`` / ``paste``: the "k: v, ..." format with
   A1111's quoting and connect_paste's value conversion (bool "False", int via float, else type()).
 """
@@ -41,6 +42,7 @@ from collections import namedtuple
 from typing import Any, Callable
 
 import torch
+from fastapi import HTTPException  # the API's own exception class (A1111 pins fastapi 0.94)
 
 # ---------------------------------------------------------------- modules.scripts
 
@@ -340,7 +342,8 @@ def default_script_args(scripts: list) -> list:
 def api_txt2img(sd_model, opts, scripts: list, request: dict, *, forge=False) -> tuple[int, dict]:
     """POST /sdapi/v1/txt2img (modules/api/api.py ``text2imgapi``, A1111 1.8 / Forge dfdcbab) -> (status, JSON).
 
-    ``init_script_args``: a request naming an unknown alwayson script is a 422; a known one's
+    ``init_script_args``: a request naming an unknown alwayson script is fastapi's 422
+    ``HTTPException`` (the real class: fastapi is installed with gradio); a known one's
     ``args`` overwrite its defaults position by position (at most ``args_to - args_from`` of them).
     Then ``with closing(p): process_images(p)``. An exception anywhere ends in the app's
     ``handle_exception``: status ``vars(e).get('status_code', 500)`` and JSON
@@ -352,8 +355,8 @@ def api_txt2img(sd_model, opts, scripts: list, request: dict, *, forge=False) ->
         script_args = default_script_args(scripts)
         for name, entry in request.get("alwayson_scripts", {}).items():
             script = by_title.get(name.lower())
-            if script is None:
-                raise HTTPError(422, f"always on script {name} not found")
+            if script is None:  # get_script -> script_name_to_index raises this before api.py's own check
+                raise HTTPException(status_code=422, detail=f"Script '{name}' not found")
             given = entry.get("args", [])
             for i in range(min(script.args_to - script.args_from, len(given))):
                 script_args[script.args_from + i] = given[i]
@@ -362,28 +365,64 @@ def api_txt2img(sd_model, opts, scripts: list, request: dict, *, forge=False) ->
         p.script_args = tuple(script_args)
         processed = txt2img(p, forge=forge)
     except Exception as error:
-        return getattr(error, "status_code", 500), {
-            "error": type(error).__name__, "detail": getattr(error, "detail", ""), "body": "", "errors": str(error)}
+        return vars(error).get("status_code", 500), {  # handle_exception, verbatim in what it returns
+            "error": type(error).__name__, "detail": vars(error).get("detail", ""), "body": vars(error).get("body", ""),
+            "errors": str(error)}
     return 200, {"images": processed.images, "info": processed.info}
 
 
-class HTTPError(Exception):
-    """fastapi's HTTPException as api.py raises it: ``status_code`` and ``detail``."""
+class MainThread:
+    """modules_forge/main_thread.py: Forge-family UIs run ``txt2img_function`` / ``img2img_function``
+    through ``main_thread.run_and_wait_result`` (modules/txt2img.py, modules/img2img.py), which never
+    raises: the worker catches the exception, prints it and the caller gets ``None`` as the result.
 
-    def __init__(self, status_code: int, detail: str):
-        super().__init__(detail)
-        self.status_code, self.detail = status_code, detail
+    ``keeps_last_exception``: Forge head (dfdcbab, 2025-06) stores it in ``main_thread.last_exception``
+    (``Task.work``), which its ``wrap_gradio_call_no_job`` then shows; reForge (3b56b268, 2026-03) and
+    Forge Classic (1f95d717, 2025-02) only print it (``loop``), so their UI shows the ``TypeError`` of
+    ``list(None)``. The run is synchronous here (the real caller polls ``finished_list``).
+    """
+
+    def __init__(self, keeps_last_exception: bool):
+        self.keeps_last_exception = keeps_last_exception
+        self.last_exception: BaseException | None = None
+        self.printed: list[BaseException] = []  # traceback.print_exc(); print(e)
+
+    def run_and_wait_result(self, func: Callable, *args, **kwargs):
+        try:
+            result = func(*args, **kwargs)
+            self.last_exception = None
+            return result
+        except Exception as error:
+            self.printed.append(error)
+            if self.keeps_last_exception:
+                self.last_exception = error
+            return None
 
 
-def wrap_gradio_call(func: Callable) -> Callable:
-    """modules/call_queue.py ``wrap_gradio_call`` (A1111 1.8 / Forge dfdcbab): the UI's Generate
-    runs ``func``; an exception is reported and becomes the HTML info box the user sees,
-    ``<div class='error'>{html.escape(f"{type(e).__name__}: {e}")}</div>``, with no images."""
+def txt2img_ui(p, **kwargs) -> tuple:
+    """modules/txt2img.py ``txt2img`` (A1111 1.8) / ``txt2img_function`` (Forge family): the Generate
+    button's outputs ``(images, generation_info_js, info_html, comments_html)``."""
+    processed = txt2img(p, **kwargs)
+    return processed.images, "{}", html.escape(processed.info), ""
+
+
+TXT2IMG_EXTRA_OUTPUTS = [None, "", ""]  # modules/ui.py: wrap_gradio_gpu_call(txt2img, extra_outputs=[None, '', ''])
+
+
+def wrap_gradio_call(func: Callable, extra_outputs: list | None = None, main_thread: MainThread | None = None) -> Callable:
+    """modules/call_queue.py ``wrap_gradio_call`` -> ``wrap_gradio_call_no_job`` (A1111 c8a5322d,
+    1.8-dev; Forge dfdcbab; reForge 3b56b268; Forge Classic 1f95d717): ``res = list(func(...))``; an
+    exception is reported and the outputs become ``extra_outputs_array + [<div class='error'>...]``,
+    the red box under the gallery, with no images. Forge head first replaces the exception by
+    ``main_thread.last_exception`` when one is set (pass its ``MainThread``)."""
     def call(*args, **kwargs):
         try:
-            return func(*args, **kwargs)
+            return tuple(list(func(*args, **kwargs)))
         except Exception as error:
-            return None, f"<div class='error'>{html.escape(f'{type(error).__name__}: {error}')}</div>"
+            if main_thread is not None and main_thread.last_exception is not None:
+                error = main_thread.last_exception
+            extra = list(extra_outputs) if extra_outputs is not None else [None, ""]
+            return tuple(extra + [f"<div class='error'>{html.escape(f'{type(error).__name__}: {error}')}</div>"])
 
     return call
 
