@@ -1,29 +1,38 @@
 """python -m tome_core bench (or tome-bench): compare vanilla, tome_core and tomesd.
 
-Defaults (a few minutes on 2 CPU cores): full SD1.5 UNet, 512x512 and 768x768, ratio 0.5,
-batch 2 (CFG halves), bf16, 3 timed repeats after one warm-up, errors also on a peaked-attention
-copy (q/k x3). --tiny is the CI setting (tiny models of all three families, 64x64, 1 repeat);
---quick is a short real run (SD1.5, 512x512, 1 repeat). Writes results.json and
-speedup_vs_error.png into --out.
+Default (about 2-3 minutes on 2 idle CPU cores): full SD1.5 UNet at 512x512, ratio 0.5, batch 2
+(CFG halves), bf16; a warm-up round (peak memory, peaked-attention errors, the time estimate),
+then at least 2 timed rounds, interleaved; more rounds (up to 5, within a 170 s budget) while
+the paired per-round ratios cannot tell the methods apart. --full: 512 and 768, 3 to 6 rounds
+(about 15 minutes on 2 cores). --tiny: the CI setting (tiny models of all three families, 64x64,
+1 round, seconds). --compile adds torch.compile'd rows. --gpu-suite: the GPU plan of issue 10 in
+one go. Writes results.json (every column defined under "metrics"), results.md and
+speedup_vs_error.png into --out; the printed table ends with a legend of its columns.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
+from .device import check_device
 from .methods import DEFAULT_METHODS, DESCRIPTIONS, METHODS
 from .models import FAMILIES
 from .runner import ATTENTION_BACKENDS, BenchConfig
 
-DEFAULTS = dict(families="sd15", res="512,768", repeats=3)
+DEFAULTS = dict(families="sd15", res="512", repeats=2, max_repeats=5, budget_s=170.0)
 PRESETS = {
     # one thread: tiny forwards are too short for threading to pay, and on a busy machine
     # OpenMP threads waiting on each other make them 100x slower
-    "tiny": dict(families="sd15,sd2,sdxl", res="64", repeats=1, threads=1),
-    "quick": dict(families="sd15", res="512", repeats=1),
+    "tiny": dict(families="sd15,sd2,sdxl", res="64", repeats=1, max_repeats=1, threads=1),
+    "quick": dict(families="sd15", res="512", repeats=1, max_repeats=1),
+    "full": dict(families="sd15", res="512,768", repeats=3, max_repeats=6),
 }
+# issue 10's GPU plan: (family, sizes); fp16, SDPA default, default methods, eager + compiled
+GPU_SUITE = (("sd15", "512,1024,2048"), ("sdxl", "1024"))
+GPU_SUITE_ROUNDS = dict(repeats=3, max_repeats=6)
 
 
 def _csv(kind):
@@ -53,7 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CI setting: tiny sd15/sd2/sdxl models, 64 px, 1 repeat, 1 thread "
                              "(seconds)")
     preset.add_argument("--quick", action="store_true",
-                        help="short real run: full sd15 at 512 px, 1 repeat")
+                        help="shortest real run: full sd15 at 512 px, 1 round (no noise check)")
+    preset.add_argument("--full", action="store_true",
+                        help="bigger run: sd15 at 512 and 768 px, 3 to 6 rounds, no time budget")
+    preset.add_argument("--gpu-suite", action="store_true",
+                        help="issue 10's GPU plan: sd15 at 512/1024/2048 and sdxl at 1024, fp16, "
+                             "default SDPA, eager and --compile, 3 to 6 rounds; --device cuda "
+                             "unless given; --families/--res pick a part (e.g. --families sdxl)")
     p.add_argument("--families", type=_csv(str), default=None,
                    help=f"comma list of {', '.join(FAMILIES)} (default: {DEFAULTS['families']})")
     p.add_argument("--res", type=_csv(_size), default=None,
@@ -68,10 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{methods}")
     p.add_argument("--batch", type=int, default=2,
                    help="batch size; even = [uncond; cond] CFG halves (default: 2)")
-    p.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default="bf16",
-                   help="weights and activations (default: bf16; fp16 only on CUDA)")
+    p.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default=None,
+                   help="weights and activations (default: bf16; fp16 with --gpu-suite; "
+                        "fp16 only on CUDA)")
     p.add_argument("--repeats", type=int, default=None,
-                   help=f"timed rounds after the warm-up (default: {DEFAULTS['repeats']})")
+                   help=f"timed rounds at least, after the warm-up (default: {DEFAULTS['repeats']})")
+    p.add_argument("--max-repeats", type=int, default=None,
+                   help="timed rounds at most: rounds are added while the methods' noise bands "
+                        f"overlap (default: {DEFAULTS['max_repeats']}; = --repeats if that is larger)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds for the whole run after which no extra rounds start (default: "
+                        f"{DEFAULTS['budget_s']:.0f} for the default run, none otherwise)")
+    p.add_argument("--compile", action="store_true",
+                   help="also run every variant compiled: torch.compile(unet) (inductor) after "
+                        "patching; compile time, compiled speed-ups vs compiled and eager vanilla")
     p.add_argument("--peaked", type=float, default=3.0,
                    help="also measure errors with self-attention q/k scaled by this factor "
                         "(peaked attention as in trained models); 1 = off (default: 3.0)")
@@ -82,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-rand", dest="use_rand", action="store_false",
                    help="use_rand=False in apply_patch (deterministic destination choice)")
     p.add_argument("--seed", type=int, default=0, help="weights, inputs and ToMe seed")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda or cuda:N (default: cpu; cuda with --gpu-suite)")
     p.add_argument("--attention", choices=ATTENTION_BACKENDS, default="default",
                    help="SDPA backend of every attention: torch's own choice (flash on CPU and recent "
                         "GPUs: no N x N scores), or 'math', which materialises the N x N scores as "
@@ -94,32 +120,70 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also profile one forward per variant for the first family, size and "
                         "ratio, and print where the time goes")
     p.add_argument("--out", type=Path, default=Path("bench_out"),
-                   help="output folder for results.json and speedup_vs_error.png "
+                   help="output folder for results.json, results.md and speedup_vs_error.png "
                         "(default: ./bench_out)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
 
-def config_from_args(args: argparse.Namespace):
-    preset = PRESETS["tiny"] if args.tiny else PRESETS["quick"] if args.quick else DEFAULTS
-    families = args.families or _csv(str)(preset["families"])
-    resolutions = args.res or _csv(_size)(preset["res"])
+class UsageError(Exception):
+    """Bad input: one line for the user, exit code 2."""
+
+
+def _preset(args: argparse.Namespace) -> dict:
+    for name in ("tiny", "quick", "full"):
+        if getattr(args, name):
+            return PRESETS[name]
+    if args.gpu_suite:
+        return dict(GPU_SUITE_ROUNDS)
+    return DEFAULTS
+
+
+def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None = None,
+                     resolutions=None) -> BenchConfig:
+    """The BenchConfig of the command line (``families``/``resolutions``: a --gpu-suite part)."""
+    preset = _preset(args)
+    families = args.families or families or _csv(str)(preset["families"])
+    resolutions = args.res or resolutions or _csv(_size)(preset["res"])
     repeats = preset["repeats"] if args.repeats is None else args.repeats
+    max_repeats = preset["max_repeats"] if args.max_repeats is None else args.max_repeats
+    max_repeats = max(repeats, max_repeats)
+    budget = args.budget if args.budget is not None else preset.get("budget_s")
+    device = args.device or ("cuda" if args.gpu_suite else "cpu")
+    dtype = args.dtype or ("fp16" if args.gpu_suite else "bf16")
+    problem = check_device(device, dtype)
+    if problem:
+        raise UsageError(problem)
     try:
         return BenchConfig(
             families=families, resolutions=resolutions, ratios=args.ratios,
-            methods=args.methods, batch=args.batch, dtype=args.dtype, repeats=repeats,
+            methods=args.methods, batch=args.batch, dtype=dtype, repeats=repeats,
+            max_repeats=max_repeats, budget_s=budget, compile=args.compile or args.gpu_suite,
             peaked=args.peaked, guidance=args.guidance, scale="tiny" if args.tiny else "full",
             seed=args.seed, max_downsample=args.max_downsample, use_rand=args.use_rand,
-            device=args.device, attention=args.attention)
+            device=device, attention=args.attention)
     except ValueError as e:
-        raise SystemExit(f"python -m tome_core bench: {e}") from None
+        raise UsageError(str(e)) from None
+
+
+def _configs(args: argparse.Namespace) -> list[BenchConfig]:
+    if not args.gpu_suite:
+        return [config_from_args(args)]
+    parts = [(f, _csv(_size)(res)) for f, res in GPU_SUITE if not args.families or f in args.families]
+    if not parts:
+        raise UsageError(f"--gpu-suite covers {', '.join(f for f, _ in GPU_SUITE)}; "
+                         f"got --families {','.join(args.families)}")
+    return [config_from_args(args, (f,), res) for f, res in parts]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; returns the process exit code."""
+    """Run the benchmark; returns the process exit code (2: bad input, one line on stderr)."""
     args = build_parser().parse_args(argv)
-    cfg = config_from_args(args)
+    try:
+        configs = _configs(args)
+    except UsageError as e:
+        print(f"python -m tome_core bench: error: {e}", file=sys.stderr)
+        return 2
     # silence kineto's per-session "profiler_start/stop" lines (memory is measured with it)
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
 
@@ -129,43 +193,66 @@ def main(argv: list[str] | None = None) -> int:
     from .models import _import_diffusers
     from .runner import run_benchmark
 
-    _import_diffusers()  # fail early, with the install hint, before any work
+    try:
+        _import_diffusers()  # fail early, with the install hint, before any work
+    except ImportError as e:
+        print(f"python -m tome_core bench: error: {e}", file=sys.stderr)
+        return 2
     threads = args.threads or (PRESETS["tiny"]["threads"] if args.tiny else None)
     if threads:
         torch.set_num_threads(threads)
-    env = report.environment(cfg.device)
+    t0 = time.perf_counter()
+    env = report.environment(configs[0].device)
     load, cores = env.get("load_avg_1min_at_start"), env.get("cpu_count") or 1
-    if cfg.device == "cpu" and load is not None and load > cores / 2:
+    if configs[0].device == "cpu" and load is not None and load > cores / 2:
         print(f"note: the machine is busy (load {load} on {cores} cores): timings will be noisy; "
-              "compare 'best x' or use more --repeats (or --threads 1)", file=sys.stderr)
+              "the noise bands and 'rank' say how much (more rounds: --max-repeats)",
+              file=sys.stderr)
     json_path = args.out / "results.json"
+    rows: list[dict] = []
+    done_cfgs: list[dict] = []
 
-    def save(rows: list[dict], complete: bool, **extra) -> None:
-        report.write_json({"config": cfg.as_dict(), "environment": env,
-                           "metrics": report.METRICS, "skipped": cfg.skipped,
-                           "complete": complete, "rows": rows, **extra}, json_path)
+    def save(new_rows: list[dict], complete: bool, **extra) -> None:
+        report.write_json({"config": done_cfgs + [cfg.as_dict()] if args.gpu_suite else cfg.as_dict(),
+                           "environment": env, "metrics": report.METRICS, "skipped": cfg.skipped,
+                           "complete": complete, "rows": rows + new_rows, **extra}, json_path)
 
-    run = run_benchmark(cfg, progress_bar=not args.no_progress, profile=args.profile,
-                        on_rows=lambda rows: save(rows, complete=False))
+    run: dict = {}
+    for cfg in configs:
+        run = run_benchmark(cfg, progress_bar=not args.no_progress,
+                            profile=args.profile and not rows,
+                            on_rows=lambda new: save(new, complete=False))
+        if "profile" in run:
+            profile = run["profile"]
+        rows += run["rows"]
+        done_cfgs.append(cfg.as_dict())
+    done_cfgs.pop()
     env["load_avg_1min_at_end"] = report.load_avg()
-    save(run["rows"], complete=True, **{k: run[k] for k in ("profile",) if k in run})
+    env["wall_s"] = round(time.perf_counter() - t0, 1)
+    extra = {"profile": profile} if args.profile and "profile" in locals() else {}
+    save([], complete=True, **extra)
 
     for method, reason in cfg.skipped.items():
         print(f"skipped {method}: {reason}", file=sys.stderr)
-    print(report.format_table(run["rows"]))
-    for r in run["rows"]:
+    print(report.format_table(rows))
+    for r in rows:
         if r.get("vanilla_drift"):
             print(f"WARNING: {r['family']} {r['width']}x{r['height']}: vanilla output changed "
                   f"after patches were applied and removed (rel. L2 {r['vanilla_drift']:.2e})",
                   file=sys.stderr)
-    if "profile" in run:
+    if extra:
         from .profiling import format_profile
 
-        prof = run["profile"]
+        prof = extra["profile"]
         print(f"\nprofile: {prof['family']} {prof['width']}x{prof['height']}, "
               f"batch {prof['batch']}, {prof['dtype']}\n" + format_profile(prof["variants"]))
-    chart = report.write_chart(run["rows"], args.out / "speedup_vs_error.png")
-    print(f"\nwrote {json_path}" + (f" and {chart}" if chart else ""))
+    where = env.get("gpu") or env.get("cpu")
+    md = args.out / "results.md"
+    md.write_text(report.format_markdown(
+        rows, f"tome_core bench on {where}, {configs[0].dtype}, torch {env['torch']}"))
+    chart = report.write_chart(rows, args.out / "speedup_vs_error.png")
+    print(f"\nwrote {json_path}, {md}" + (f" and {chart}" if chart else ""))
+    print(f"finished in {env['wall_s']:.0f} s", file=sys.stderr)
     return 0
 
 

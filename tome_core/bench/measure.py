@@ -36,48 +36,79 @@ def forward(unet: torch.nn.Module, inputs: Inputs) -> torch.Tensor:
     return out.float()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn: Forward, device: torch.device) -> tuple[float, torch.Tensor]:
-    """Wall-clock seconds of ``fn()`` (synchronised on CUDA) and its result."""
-    _sync(device)
+    """Seconds of ``fn()`` and its result.
+
+    CPU: wall clock. CUDA: CUDA events recorded around the call on the current stream and one
+    synchronisation at its end (none inside), so the time is the GPU time of the queued work
+    and no host sync is added to the measured path.
+    """
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000, out
     t0 = time.perf_counter()
     out = fn()
-    _sync(device)
     return time.perf_counter() - t0, out
 
 
-def peak_memory(fn: Forward, device: torch.device) -> tuple[float, torch.Tensor]:
-    """Peak bytes allocated by ``fn()`` above what was live when it started, and its result.
+@dataclass(frozen=True)
+class WarmUp:
+    """One profiled forward: its result, peak memory, SDPA kernels and wall seconds."""
 
-    CUDA: ``torch.cuda.max_memory_allocated`` minus the allocation at the start.
-    CPU: the running sum of torch's own CPU allocations and frees recorded by
-    ``torch.profiler(profile_memory=True)``, maximised over the call. This counts tensor
-    memory only (not the Python heap, not allocator caching); weights and inputs, allocated
-    before the call, are excluded, so the figure is the activation/workspace peak of one forward.
+    out: torch.Tensor
+    peak_bytes: float
+    attention: str
+    seconds: float
+
+
+def warm_up(fn: Forward, device: torch.device) -> WarmUp:
+    """Run ``fn()`` once under ``torch.profiler`` (CPU activity): peak memory and the SDPA kernel
+    actually dispatched (see ``device.kernels_used``).
+
+    Peak memory is above what was live when the call started (weights and inputs excluded),
+    so it is the activation/workspace peak of one forward. CUDA:
+    ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``. CPU: the running sum
+    of torch's own CPU allocations and frees recorded by the profiler (``profile_memory``),
+    maximised over the call; tensor memory only (not the Python heap, not allocator caching).
     """
-    if device.type == "cuda":
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        out = fn()
-        _sync(device)
-        return float(torch.cuda.max_memory_allocated(device) - base), out
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    from .device import kernels_used
+
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=not cuda) as prof:
         out = fn()
-    events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type().name == "CPU"]
-    events.sort(key=lambda e: e.start_ns())
+        if cuda:
+            torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - t0
+    events = list(prof.profiler.kineto_results.events())
+    attention = kernels_used(e.name() for e in events)
+    if cuda:
+        return WarmUp(out, float(torch.cuda.max_memory_allocated(device) - base), attention,
+                      seconds)
+    mem = sorted((e for e in events if e.name() == "[memory]" and e.device_type().name == "CPU"),
+                 key=lambda e: e.start_ns())
     live = peak = 0
-    for e in events:
+    for e in mem:
         live += e.nbytes()
         peak = max(peak, live)
-    return float(peak), out
+    return WarmUp(out, float(peak), attention, seconds)
+
+
+def peak_memory(fn: Forward, device: torch.device) -> tuple[float, torch.Tensor]:
+    """Peak bytes allocated by ``fn()`` above what was live when it started, and its result
+    (see :func:`warm_up`)."""
+    w = warm_up(fn, device)
+    return w.peak_bytes, w.out
 
 
 def rel_l2(y: torch.Tensor, ref: torch.Tensor) -> float:

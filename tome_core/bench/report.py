@@ -13,11 +13,30 @@ import torch
 
 # how each reported number is defined; written into the JSON next to the results
 METRICS = {
-    "time_s": "median wall-clock seconds of one UNet forward over the timed repeats",
-    "speedup": "median over repeats of t_vanilla / t_method, both from the same interleaved round",
-    "speedup_best": "min(t_vanilla) / min(t_method) over the repeats: less sensitive to other "
-                    "load on the machine, which only ever adds time",
-    "rel_err": "||y - y_vanilla|| / ||y_vanilla|| of the UNet output (first timed repeat)",
+    "time_s": "median seconds of one UNet forward over the timed rounds (CPU: wall clock; "
+              "CUDA: CUDA events, one synchronisation per forward)",
+    "rounds": "timed rounds; each round runs every eager variant once, interleaved in a rotated "
+              "order; more rounds run (up to the cap) while the noise bands overlap",
+    "speedup": "eager: median over rounds of t_vanilla / t_method, both timed in the same round "
+               "(paired, so load drifting between rounds cancels); compiled: median compiled "
+               "vanilla time / median compiled method time (compiled variants run in blocks)",
+    "speedup_low": "lower edge of the noise band: speedup - 2 * 1.4826 * MAD / sqrt(rounds) of "
+                   "the per-round ratios (like a boxplot notch; narrows with more rounds)",
+    "speedup_high": "upper edge of the noise band",
+    "rank": "1 = fastest; methods (vanilla included) whose noise bands overlap cannot be told "
+            "apart and get 'too noisy to rank'",
+    "speedup_best": "min(t_vanilla) / min(t_method) over the rounds: other load only ever adds "
+                    "time, so the fastest runs are the least disturbed",
+    "speedup_vs_eager": "compiled rows: median eager vanilla time / median compiled time",
+    "compile_s": "compiled rows: seconds of the first compiled call (compilation included)",
+    "recompiles": "compiled rows: graphs compiled during the timed calls after the first "
+                  "(0 = no recompilation)",
+    "compile_error": "compiled rows: why torch.compile failed for this variant",
+    "attention": "SDPA kernel the variant's attention dispatched to (from torch.profiler op "
+                 "names): flash, flash-cpu, mem-efficient, cudnn, math; 'no SDPA' = explicit "
+                 "bmm + softmax; compiled rows: inductor (its own kernels)",
+    "rel_err": "||y - y_vanilla|| / ||y_vanilla|| of the UNet output (first timed round; "
+               "compiled rows: compiled output against eager vanilla)",
     "cfg_err": "same for the CFG-combined prediction uncond + g * (cond - uncond) "
                "(batch = [uncond; cond]); null for odd batch",
     "rel_err_peaked": "rel_err on the same UNet with self-attention q/k scaled by 'peaked' "
@@ -25,7 +44,7 @@ METRICS = {
     "cfg_err_peaked": "cfg_err on the peaked UNet",
     "peak_mem_mb": "peak tensor memory allocated during one forward above the live set at its "
                    "start (weights and inputs excluded); CPU: torch.profiler memory events, "
-                   "CUDA: torch.cuda.max_memory_allocated",
+                   "CUDA: torch.cuda.max_memory_allocated, reset per measured call",
     "mem_vs_vanilla": "peak_mem_mb / vanilla's peak_mem_mb",
     "vanilla_drift": "vanilla row only: rel. L2 between vanilla outputs before and after every "
                      "other variant was applied and removed (0 = removal restores the model)",
@@ -74,7 +93,14 @@ def environment(device: str = "cpu") -> dict:
     }
     env["load_avg_1min_at_start"] = load_avg()
     if device.startswith("cuda") and torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        dev = torch.device(device)
+        env["gpu"] = torch.cuda.get_device_name(dev)
+        env["cuda"] = torch.version.cuda
+        env["sdpa_enabled"] = {  # what torch may choose from; the table says what it chose
+            "flash": torch.backends.cuda.flash_sdp_enabled(),
+            "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+            "math": torch.backends.cuda.math_sdp_enabled(),
+            "cudnn": torch.backends.cuda.cudnn_sdp_enabled()}
     return env
 
 
@@ -82,28 +108,80 @@ def _fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-COLUMNS = [  # header, row key, format
-    ("model", "family", "s"), ("size", "size", "s"), ("method", "label", "s"),
-    ("time ms", "time_ms", ".0f"), ("speedup", "speedup", ".2f"),
-    ("best x", "speedup_best", ".2f"),
-    ("err", "rel_err", ".4f"), ("cfg err", "cfg_err", ".4f"),
-    ("err pk", "rel_err_peaked", ".4f"), ("cfg err pk", "cfg_err_peaked", ".4f"),
-    ("peak MB", "peak_mem_mb", ".1f"), ("mem x", "mem_vs_vanilla", ".2f"),
+COLUMNS = [  # header, row key, format, legend
+    ("model", "family", "s", "model family (real architecture, seeded random weights)"),
+    ("size", "size", "s", "image size in px (latent = px / 8)"),
+    ("method", "label", "s", "variant; r = merge ratio"),
+    ("run", "run", "s", "eager, or compiled with torch.compile (inductor) after patching"),
+    ("ms", "time_ms", ".0f", "median time of one UNet forward, ms"),
+    ("x vanilla", "speedup", ".2f",
+     "speed-up over vanilla: median of per-round paired t_vanilla/t_method (compiled rows: "
+     "over compiled vanilla)"),
+    ("+-", "noise", ".2f", "half-width of the noise band of 'x vanilla' (0 with one round)"),
+    ("rank", "rank", "s", "1 = fastest; overlapping noise bands: 'too noisy to rank'"),
+    ("x fastest", "speedup_best", ".2f", "fastest vanilla round / fastest round of the method"),
+    ("x eager van", "speedup_vs_eager", ".2f", "compiled rows: speed-up over eager vanilla"),
+    ("compile s", "compile_s", ".0f", "compiled rows: seconds of the first (compiling) call"),
+    ("err", "rel_err", ".4f", "relative L2 error of the UNet output vs vanilla"),
+    ("cfg err", "cfg_err", ".4f", "same for the CFG-combined prediction (guidance applied)"),
+    ("err peaked", "rel_err_peaked", ".4f",
+     "'err' with self-attention q/k scaled (peaked attention, as in trained models)"),
+    ("cfg err peaked", "cfg_err_peaked", ".4f", "'cfg err' with peaked attention"),
+    ("peak MB", "peak_mem_mb", ".1f", "peak activation memory of one forward (weights excluded)"),
+    ("mem x", "mem_vs_vanilla", ".2f", "peak MB / vanilla's peak MB (< 1 = saves memory)"),
+    ("attention", "attention", "s",
+     "SDPA kernel actually used (flash, flash-cpu, mem-efficient, cudnn, math)"),
 ]
 
 
-def format_table(rows: list[dict]) -> str:
-    """The results as a fixed-width text table (err pk = on the peaked-attention UNet)."""
-    cells = [[h for h, _, _ in COLUMNS]]
-    for r in rows:
-        r = dict(r, size=f"{r['width']}x{r['height']}",
-                 time_ms=None if r.get("time_s") is None else 1000 * r["time_s"])
-        cells.append([_fmt(r.get(k), f) for _, k, f in COLUMNS])
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in
+def _cells(r: dict) -> dict:
+    return dict(r, size=f"{r['width']}x{r['height']}", run="compiled" if r.get("compiled") else "eager",
+                time_ms=None if r.get("time_s") is None else 1000 * r["time_s"],
+                noise=None if r.get("speedup_low") is None else
+                (r["speedup_high"] - r["speedup_low"]) / 2,
+                rank=r.get("rank") or ("-" if not r.get("compile_error") else "compile failed"))
+
+
+def format_table(rows: list[dict], legend: bool = True) -> str:
+    """The results as a fixed-width text table, columns without any value left out, then a
+    legend of every column shown and the compile errors, if any."""
+    cells_rows = [_cells(r) for r in rows]
+    shown = [c for c in COLUMNS if any(r.get(c[1]) not in (None, "-") for r in cells_rows)
+             or c[1] in ("family", "size", "label")]
+    if not any(r.get("compiled") for r in rows):
+        shown = [c for c in shown if c[1] != "run"]
+    cells = [[h for h, _, _, _ in shown]]
+    for r in cells_rows:
+        cells.append([_fmt(r.get(k), f) for _, k, f, _ in shown])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(shown))]
+    lines = ["  ".join(c.ljust(w) if shown[i][2] == "s" else c.rjust(w) for i, (c, w) in
                        enumerate(zip(line, widths))) for line in cells]
     lines.insert(1, "-" * len(lines[0]))
+    if legend:
+        lines.append("")
+        lines += [f"{h:>14}: {text}" for h, _, _, text in shown]
+    for r in rows:
+        if r.get("compile_error"):
+            lines.append(f"compile failed: {r['family']} {r['width']}x{r['height']} {r['label']}: "
+                         f"{r['compile_error']}")
     return "\n".join(lines)
+
+
+def format_markdown(rows: list[dict], title: str = "") -> str:
+    """The same table in GitHub markdown, with the legend below (for --gpu-suite / docs)."""
+    cells_rows = [_cells(r) for r in rows]
+    shown = [c for c in COLUMNS if any(r.get(c[1]) not in (None, "-") for r in cells_rows)]
+    out = [f"### {title}", ""] if title else []
+    out.append("| " + " | ".join(h for h, _, _, _ in shown) + " |")
+    out.append("|" + "|".join("---" if f == "s" else "---:" for _, _, f, _ in shown) + "|")
+    for r in cells_rows:
+        out.append("| " + " | ".join(_fmt(r.get(k), f) for _, k, f, _ in shown) + " |")
+    out += [""] + [f"- **{h}**: {text}" for h, _, _, text in shown]
+    for r in rows:
+        if r.get("compile_error"):
+            out.append(f"- compile failed for {r['label']} at {r['width']}x{r['height']}: "
+                       f"`{r['compile_error']}`")
+    return "\n".join(out) + "\n"
 
 
 def write_json(result: dict, path: Path) -> Path:
@@ -123,7 +201,8 @@ def write_chart(rows: list[dict], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in rows if r["method"] != "vanilla" and r.get("speedup") is not None]
+    rows = [r for r in rows if r["method"] != "vanilla" and r.get("speedup") is not None
+            and not r.get("compiled")]
     panels = [("cfg_err", "CFG-combined rel. L2 error"), ("rel_err", "rel. L2 error")]
     if any(r.get("cfg_err_peaked") is not None for r in rows):
         panels.append(("cfg_err_peaked", "CFG-combined rel. L2 error, peaked attention"))

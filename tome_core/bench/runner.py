@@ -4,12 +4,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import statistics
+import sys
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
 
-from . import measure
+from . import measure, stats
 from .methods import DEFAULT_METHODS, METHODS, Variant, availability, patched
 from .models import FAMILIES, build_unet, make_inputs, peaked_attention
 
@@ -38,7 +40,10 @@ class BenchConfig:
     methods: tuple[str, ...] = DEFAULT_METHODS
     batch: int = 2
     dtype: str = "bf16"
-    repeats: int = 3
+    repeats: int = 3            # timed rounds at least
+    max_repeats: int | None = None  # at most, while rounds disagree (None: = repeats)
+    compile: bool = False       # also torch.compile every variant (compiled rows)
+    budget_s: float | None = None  # no extra rounds beyond this many seconds of the whole run
     peaked: float = 3.0
     guidance: float = 7.5
     scale: str = "full"
@@ -59,6 +64,10 @@ class BenchConfig:
                                  f"choose from {', '.join(allowed)}")
         if self.repeats < 1 or self.batch < 1:
             raise ValueError(f"repeats and batch must be >= 1, got {self.repeats} and {self.batch}")
+        if self.max_repeats is None:
+            self.max_repeats = self.repeats
+        if self.max_repeats < self.repeats:
+            raise ValueError(f"max repeats ({self.max_repeats}) must be >= repeats ({self.repeats})")
         if not self.ratios or not all(0 <= r < 1 for r in self.ratios):
             raise ValueError(f"ratios must be in [0, 1), got {self.ratios}")
         if self.attention not in ATTENTION_BACKENDS:
@@ -88,6 +97,7 @@ class BenchConfig:
 
 
 Progress = Callable[[str], None]
+Log = Callable[[str], None]
 
 
 def _round_robin(variants: list[Variant], repeat: int) -> list[Variant]:
@@ -102,19 +112,90 @@ def case_inputs(unet, family: str, size: tuple[int, int], cfg: BenchConfig) -> m
     return measure.Inputs(*inputs).to(torch.device(cfg.device))
 
 
+class Clock:
+    """Time estimate from measured forwards: each case's warm-up gives the seconds per
+    forward of every variant; cases not yet warmed up are extrapolated from the last measured
+    one by pixel count (marked rough). Updated after every round."""
+
+    def __init__(self, cfg: BenchConfig, n_variants: int, log: Log) -> None:
+        self.cfg, self.n_variants, self.log = cfg, n_variants, log
+        self.t0 = time.perf_counter()
+        self.cases = [(f, s) for f in cfg.families for s in cfg.resolutions]
+        self.done = 0           # cases finished
+        self.round_s = None     # seconds of one round of the current case (measured)
+        self.rounds_left = 0    # minimum rounds still to run in the current case
+        self.printed_first = False
+        self.deadline = None if cfg.budget_s is None else self.t0 + cfg.budget_s
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _compile_forwards(self) -> int:
+        return self.n_variants * (2 + self.cfg.repeats) if self.cfg.compile else 0
+
+    def estimate(self) -> tuple[float, float, bool]:
+        """(seconds left at the minimum rounds, at the cap, whether extrapolated)."""
+        if self.round_s is None:
+            return 0.0, 0.0, True
+        per_fwd = self.round_s / self.n_variants
+        cfg, (_, (w0, h0)) = self.cfg, self.cases[min(self.done, len(self.cases) - 1)]
+        extra = cfg.max_repeats - cfg.repeats
+        low = self.rounds_left * self.round_s + self._compile_forwards() * per_fwd
+        high = low + extra * self.round_s
+        rest = self.cases[self.done + 1:]
+        for _, (w, h) in rest:  # rough: time grows with pixels (more with attention's N^2)
+            scale = (w * h) / (w0 * h0)
+            fwd = (self.n_variants * (1 + cfg.repeats) + 1 + self._compile_forwards()) * per_fwd
+            low += scale * fwd
+            high += scale * (fwd + extra * self.round_s)
+        if self.deadline is not None:
+            high = min(high, max(low, self.deadline - time.perf_counter()))
+        return low, high, bool(rest)
+
+    def text(self) -> str:
+        low, high, rough = self.estimate()
+        span = f"~{low:.0f} s" + (f" (up to {high:.0f} s if rounds disagree)" if high > low * 1.05 else "")
+        return span + (" (cases not yet warmed up: extrapolated by pixel count)" if rough else "")
+
+    def warmed(self, seconds: dict[Variant, float]) -> None:
+        """A case's warm-up is done: ``seconds`` per variant of one plain forward."""
+        self.round_s = sum(seconds.values())
+        self.rounds_left = self.cfg.repeats
+        if not self.printed_first:
+            self.printed_first = True
+            self.log(f"{self.elapsed():.0f} s so far; estimated time left, from the measured "
+                     f"warm-up: {self.text()}")
+
+    def round_done(self, seconds: float) -> None:
+        self.round_s = seconds
+        self.rounds_left = max(0, self.rounds_left - 1)
+
+    def room_for_round(self) -> bool:
+        """Whether one more round fits in the time budget (always, without one)."""
+        if self.deadline is None or self.round_s is None:
+            return True
+        low, _, _ = self.estimate()
+        return time.perf_counter() + self.round_s + low <= self.deadline
+
+    def case_done(self) -> None:
+        self.done += 1
+
+
 @dataclass
 class _Measured:
     """Raw measurements of one case, per variant."""
 
     mem: dict = field(default_factory=dict)         # peak bytes of one forward
     out_peaked: dict = field(default_factory=dict)  # output of the peaked UNet
+    attention: dict = field(default_factory=dict)   # SDPA kernels used (device.kernels_used)
     times: dict = field(default_factory=dict)       # seconds per timed round
     out: dict = field(default_factory=dict)         # output of the first timed round
     drift: float = 0.0                              # vanilla before vs after all patches
+    compiled: dict = field(default_factory=dict)    # variant -> _compile_variant's dict
 
 
 def _measure(unet, inputs: measure.Inputs, variants: list[Variant], cfg: BenchConfig,
-             progress: Progress) -> _Measured:
+             progress: Progress, clock: Clock) -> _Measured:
     device, options, m = torch.device(cfg.device), cfg.patch_options(), _Measured()
 
     def run(v: Variant, how):
@@ -123,29 +204,75 @@ def _measure(unet, inputs: measure.Inputs, variants: list[Variant], cfg: BenchCo
         progress(v.label)
         return result
 
+    warm = {}
     with peaked_attention(unet, cfg.peaked):
         for v in variants:
-            m.mem[v], m.out_peaked[v] = run(v, measure.peak_memory)
+            w = run(v, measure.warm_up)
+            m.mem[v], m.out_peaked[v], m.attention[v], warm[v] = (
+                w.peak_bytes, w.out, w.attention, w.seconds)
         # vanilla again after every patch was applied and removed: must be unchanged
-        _, again = run(variants[0], measure.timed)
+        warm[variants[0]], again = run(variants[0], measure.timed)  # no first-call cost now
     m.drift = measure.rel_l2(again, m.out_peaked[variants[0]])
-    for rep in range(cfg.repeats):
-        for v in _round_robin(variants, rep):
+    clock.warmed(warm)
+    rounds = 0
+    while True:
+        t_round = 0.0
+        for v in _round_robin(variants, rounds):
             t, y = run(v, measure.timed)
+            t_round += t
             m.times.setdefault(v, []).append(t)
             m.out.setdefault(v, y)
+        rounds += 1
+        clock.round_done(t_round)
+        if rounds < cfg.repeats:
+            continue
+        ratios = stats.summarize({v: m.times[v] for v in variants}, vanilla=variants[0])
+        if (rounds >= cfg.max_repeats or not stats.unsettled(ratios)
+                or not clock.room_for_round()):
+            break
+    if cfg.compile:
+        for v in variants:
+            m.compiled[v] = _compile_variant(unet, inputs, v, cfg)
+            progress(f"{v.label} compiled")
     return m
 
 
+def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig) -> dict:
+    """Patch, then ``torch.compile(unet)`` as a user would; the first call (compilation) is
+    timed apart, then ``cfg.repeats`` calls back to back. Errors are reported, not hidden."""
+    import torch._dynamo
+
+    device = torch.device(cfg.device)
+    torch._dynamo.reset()  # each variant compiles from scratch: compile time is its own
+    graphs = torch._dynamo.utils.counters["stats"]
+    try:
+        with patched(unet, v, **cfg.patch_options()):
+            compiled = torch.compile(unet)
+            first_s, out = measure.timed(lambda: measure.forward(compiled, inputs), device)
+            before = graphs["unique_graphs"]
+            times = [measure.timed(lambda: measure.forward(compiled, inputs), device)[0]
+                     for _ in range(cfg.repeats)]
+            recompiles = graphs["unique_graphs"] - before
+    except Exception as e:  # noqa: BLE001 - any compile failure is a result to report
+        msg = (str(e).strip().splitlines() or [""])[0][:200]
+        return {"error": f"{type(e).__name__}: {msg}"}
+    finally:
+        torch._dynamo.reset()
+    return {"times": times, "first_s": first_s, "out": out, "recompiles": recompiles,
+            "graphs": before}
+
+
 def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Measured,
-         cfg: BenchConfig) -> dict:
+         cfg: BenchConfig, ranks: dict, ratios: dict) -> dict:
     width, height = size
+    r = ratios[v]
     row = dict(family=family, scale=cfg.scale, width=width, height=height,
                latent=f"{height // 8}x{width // 8}", batch=cfg.batch, dtype=cfg.dtype,
-               method=v.method, ratio=v.ratio, label=v.label,
-               time_s=statistics.median(m.times[v]), times_s=m.times[v],
+               device=cfg.device, method=v.method, ratio=v.ratio, label=v.label, compiled=False,
+               attention=m.attention[v],
+               time_s=statistics.median(m.times[v]), times_s=m.times[v], rounds=r.n,
                # paired within each interleaved round, so drifting machine load cancels out
-               speedup=statistics.median(tb / tv for tb, tv in zip(m.times[base], m.times[v])),
+               speedup=r.median, speedup_low=r.low, speedup_high=r.high, rank=ranks[v],
                # other load only ever adds time, so the fastest runs are the least disturbed
                speedup_best=min(m.times[base]) / min(m.times[v]))
     row["rel_err"], row["cfg_err"] = measure.errors(m.out[v], m.out[base], cfg.guidance)
@@ -160,17 +287,46 @@ def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Meas
     return row
 
 
+def _compiled_row(eager: dict, v: Variant, base: Variant, m: _Measured, cfg: BenchConfig) -> dict:
+    c, cb = m.compiled[v], m.compiled[base]
+    row = {k: eager[k] for k in ("family", "scale", "width", "height", "latent", "batch",
+                                 "dtype", "device", "method", "ratio", "label")}
+    row.update(compiled=True, attention="inductor")
+    if "error" in c:
+        row["compile_error"] = c["error"]
+        return row
+    t = statistics.median(c["times"])
+    row.update(time_s=t, times_s=c["times"], rounds=len(c["times"]), compile_s=c["first_s"],
+               recompiles=c["recompiles"],
+               speedup_vs_eager=statistics.median(m.times[base]) / t)
+    if "error" not in cb:
+        # compiled variants run in blocks (a patch change would recompile), not interleaved
+        row["speedup"] = statistics.median(cb["times"]) / t
+        row["speedup_best"] = min(cb["times"]) / min(c["times"])
+    # compiled output against the eager vanilla output: compile error and patch error together
+    row["rel_err"], row["cfg_err"] = measure.errors(c["out"], m.out[base], cfg.guidance)
+    return row
+
+
 def run_case(unet, family: str, size: tuple[int, int], variants: list[Variant],
-             cfg: BenchConfig, progress: Progress) -> list[dict]:
+             cfg: BenchConfig, progress: Progress, clock: Clock | None = None) -> list[dict]:
     """All variants at one resolution (``variants[0]`` is vanilla): one row each.
 
     A warm-up round runs on the peaked UNet (when ``cfg.peaked != 1``) and measures peak
     memory and the peaked-attention errors, then runs vanilla once more to check that removing
     the patches restored the model; ``cfg.repeats`` timed rounds follow on the plain UNet,
-    each over all variants in a rotated order, and the first gives the plain errors.
+    each over all variants in a rotated order, and the first gives the plain errors; more
+    rounds follow, up to ``cfg.max_repeats`` (and ``cfg.budget_s``), while the noise bands of
+    the paired ratios overlap (see ``stats``). With ``cfg.compile``, compiled rows follow.
     """
-    m = _measure(unet, case_inputs(unet, family, size, cfg), variants, cfg, progress)
-    return [_row(family, size, v, variants[0], m, cfg) for v in variants]
+    clock = clock or Clock(cfg, len(variants), lambda _: None)
+    m = _measure(unet, case_inputs(unet, family, size, cfg), variants, cfg, progress, clock)
+    ratios = stats.summarize({v: m.times[v] for v in variants}, vanilla=variants[0])
+    ranks = stats.ranking(ratios)
+    rows = [_row(family, size, v, variants[0], m, cfg, ranks, ratios) for v in variants]
+    if cfg.compile:
+        rows += [_compiled_row(r, v, variants[0], m, cfg) for r, v in zip(rows[:], variants)]
+    return rows
 
 
 def profile_case(unet, family: str, size: tuple[int, int], variants: list[Variant],
@@ -187,15 +343,21 @@ def profile_case(unet, family: str, size: tuple[int, int], variants: list[Varian
 
 
 def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = False,
-                  on_rows: Callable[[list[dict]], None] | None = None) -> dict:
+                  on_rows: Callable[[list[dict]], None] | None = None,
+                  log: Log | None = None) -> dict:
     """Run everything in ``cfg``; returns ``{"config", "rows", "skipped"}`` (and ``"profile"``
     of the first family and size when ``profile``). ``on_rows(rows_so_far)`` is called after
     each family/size, so a long run that is stopped early still leaves its results."""
     from tqdm.auto import tqdm
 
     variants = cfg.resolve()
-    n_forwards = len(cfg.families) * len(cfg.resolutions) * (len(variants) * (1 + cfg.repeats) + 1)
-    bar = tqdm(total=n_forwards, unit="fwd", disable=not progress_bar, dynamic_ncols=True)
+    per_case = len(variants) * (1 + cfg.repeats) + 1 + (2 * len(variants) if cfg.compile else 0)
+    n_forwards = len(cfg.families) * len(cfg.resolutions) * per_case
+    # no tqdm ETA: forwards differ in cost; the Clock's estimate (from measured warm-ups) is shown
+    bar = tqdm(total=n_forwards, unit="fwd", disable=not progress_bar, dynamic_ncols=True,
+               bar_format="{desc}: {n_fmt}/{total_fmt} forwards [{elapsed}] {postfix}")
+    log = log or (lambda text: tqdm.write(text, file=sys.stderr))
+    clock = Clock(cfg, len(variants), log)
     rows, prof = [], None
     try:
         with attention_backend(cfg.attention):
@@ -205,8 +367,11 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
                 for size in cfg.resolutions:
                     def progress(label: str, _s=size) -> None:
                         bar.set_description(f"{family} {_s[0]}x{_s[1]} {label}")
+                        if clock.round_s is not None:
+                            bar.set_postfix_str(f"left {clock.text()}", refresh=False)
                         bar.update(1)
-                    rows += run_case(unet, family, size, variants, cfg, progress)
+                    rows += run_case(unet, family, size, variants, cfg, progress, clock)
+                    clock.case_done()
                     if on_rows:
                         on_rows(rows)
                     if profile and prof is None:
