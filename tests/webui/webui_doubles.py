@@ -438,9 +438,10 @@ def _quote(text: Any) -> str:
 
 
 def create_infotext(p) -> str:
+    """modules/processing.py ``create_infotext``'s last line (A1111 c8a5322d): ``k if k == v else k: quote(v)``."""
     params = {"Steps": p.steps, "Seed": p.seed, "Size": f"{p.width}x{p.height}", **p.extra_generation_params}
     return "prompt\nNegative prompt: \n" + ", ".join(
-        f"{k}: {_quote(v)}" for k, v in params.items() if v is not None
+        k if k == v else f"{k}: {_quote(v)}" for k, v in params.items() if v is not None
     )
 
 
@@ -448,6 +449,7 @@ _RE_PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
 
 
 def parse_generation_parameters(text: str) -> dict[str, str]:
+    """modules/infotext_utils.py ``parse_generation_parameters`` (A1111 c8a5322d): ``re_param`` on the last line."""
     res = {}
     lastline = text.strip().split("\n")[-1]
     for key, value in _RE_PARAM.findall(lastline):
@@ -459,21 +461,25 @@ def parse_generation_parameters(text: str) -> dict[str, str]:
 
 
 def paste(infotext_fields, params: dict) -> list:
-    """infotext_utils.connect_paste's paste_func: one new value (or None = unchanged) per field."""
+    """modules/infotext_utils.py ``connect_paste``'s ``paste_func`` (A1111 c8a5322d, 1.8-dev): one new
+    value per field, None where the real one returns ``gr.update()`` (key absent or not convertible)."""
     out = []
     for output, key in infotext_fields:
         v = key(params) if callable(key) else params.get(key, None)
         if v is None:
             out.append(None)
             continue
-        valtype = type(output.value)
-        if valtype is bool and v == "False":
-            val = False
-        elif valtype is int:
-            val = float(v)
-        else:
-            val = valtype(v)
-        out.append(val)
+        try:
+            valtype = type(output.value)
+            if valtype is bool and v == "False":
+                val = False
+            elif valtype is int:
+                val = float(v)
+            else:
+                val = valtype(v)
+            out.append(val)
+        except Exception:  # the real paste_func leaves the control unchanged (gr.update())
+            out.append(None)
     return out
 
 
