@@ -5,6 +5,7 @@ that swallows what callbacks raise, ``process_images_inner`` calling ``p.sample`
 on a real ldm UNet (A1111) and a real ComfyUI ModelPatcher (Forge)."""
 from __future__ import annotations
 
+import html
 import importlib.machinery
 import sys
 import types
@@ -42,19 +43,15 @@ def test_api_answers_a_bad_value_with_an_error_carrying_the_engines_message(scri
     assert_clean(sd_model)
 
 
-def test_the_ui_shows_the_error_and_no_image(script, host, sd_model):
-    p = make_p(sd_model, host, script, script_args(ratio=5))
-    outputs = wd.wrap_gradio_call(lambda: wd.txt2img_ui(p), extra_outputs=wd.TXT2IMG_EXTRA_OUTPUTS)()
-    images, _, _, error_box = outputs
-    assert images is None
-    assert error_box.startswith("<div class='error'>ValueError: ToMe: ratio must be in") and p.closed
-    assert not any(key in p.extra_generation_params for key in INFOTEXT_KEYS)
-
-
-def test_the_ui_shows_a_string_for_a_number_naming_tome_and_the_input(script, host, sd_model):
-    p = make_p(sd_model, host, script, script_args(ratio="abc"))
+@pytest.mark.parametrize("name", list(BAD_VALUES))
+def test_the_ui_shows_the_error_and_no_image(script, host, sd_model, name):
+    values, message = BAD_VALUES[name]
+    p = make_p(sd_model, host, script, script_args(**values))
     images, _, _, error_box = wd.wrap_gradio_call(lambda: wd.txt2img_ui(p), extra_outputs=wd.TXT2IMG_EXTRA_OUTPUTS)()
-    assert images is None and "ValueError: ToMe: ratio must be a number, got &#x27;abc&#x27;" in error_box
+    assert images is None and p.closed
+    assert error_box.startswith("<div class='error'>ValueError: ToMe") and html.escape(message) in error_box
+    assert not any(key in p.extra_generation_params for key in INFOTEXT_KEYS)
+    assert_clean(sd_model)
 
 
 def test_a_good_ui_run_gives_images_and_tome_in_the_info(script, host, sd_model):
