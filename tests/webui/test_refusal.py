@@ -102,6 +102,24 @@ def test_a_good_api_request_gives_an_image_with_tome_in_the_infotext(script, hos
     assert status == 422 and body["detail"] == "Script 'NoSuch' not found" and body["error"] == "HTTPException"
 
 
+def make_img2img_p(model, host, script, args):
+    p = wd.Img2ImgProcessing(model, host.opts, steps=2)
+    p.scripts = wd.ScriptRunner([script])
+    p.script_args = args
+    return p
+
+
+def test_img2img_refuses_through_its_own_sample_and_runs_normally_after(script, host, sd_model):
+    p = make_img2img_p(sd_model, host, script, script_args(max_downsample=3))
+    with pytest.raises(ValueError, match="max_downsample"):
+        wd.img2img(p)
+    assert not any(key in p.extra_generation_params for key in INFOTEXT_KEYS) and not p.scripts.reported
+    assert_clean(sd_model)
+    out = wd.img2img(make_img2img_p(sd_model, host, script, script_args(ratio=0.5)))
+    assert "ToMe ratio: 0.5" in out.info and "ToMe hr ratio" not in out.info
+    assert_clean(sd_model)
+
+
 class NotAUNet(torch.nn.Module):
     """A transformer-only diffusion model (no BasicTransformerBlock in input/middle blocks), e.g. SD3."""
 
@@ -184,6 +202,16 @@ def test_reforge_and_forge_classic_ui_stop_the_job_with_the_message_only_in_the_
     assert error_box.startswith("<div class='error'>TypeError: ")
     assert "ToMe: ratio must be in" in str(main_thread.printed[-1])
     assert not any(key in p.extra_generation_params for key in INFOTEXT_KEYS)
+
+
+def test_forge_img2img_refuses_before_its_sample_patches(script, host, comfy_patcher):
+    model = ForgeModel(comfy_patcher)
+    with pytest.raises(ValueError, match="merge_mlp is not available"):
+        wd.img2img(make_img2img_p(model, host, script, script_args(merge_mlp=True)), forge=True)
+    assert model.patches_seen == [] and model.forge_objects.unet is comfy_patcher
+    model = ForgeModel(comfy_patcher)
+    out = wd.img2img(make_img2img_p(model, host, script, script_args(ratio=0.5)), forge=True)
+    assert "ToMe ratio: 0.5" in out.info and model.patches_seen and model.patches_seen[0] > 0
 
 
 @pytest.fixture

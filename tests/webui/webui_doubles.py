@@ -289,6 +289,25 @@ class Processing:
         self.closed = True
 
 
+class Img2ImgProcessing(Processing):
+    """StableDiffusionProcessingImg2Img: ``sample`` is its own method (no hires pass), started from the
+    noised init latent; on Forge it restores ``forge_objects`` and calls ``process_before_every_sampling``
+    itself (modules/processing.py, Forge dfdcbab ``StableDiffusionProcessingImg2Img.sample``), as
+    txt2img's does. ``process_images_inner`` calls it through ``p.sample(...)`` like txt2img's."""
+
+    def __init__(self, sd_model, opts, *, denoising_strength=0.75, **kwargs):
+        super().__init__(sd_model, opts, enable_hr=False, **kwargs)
+        self.denoising_strength = denoising_strength
+        g = torch.Generator().manual_seed(7)
+        self.init_latent = torch.randn(self.batch_size, 4, self.height // 8, self.width // 8, generator=g)
+
+    def sample(self, conditioning, unconditional_conditioning, seeds, subseeds, subseed_strength, prompts):
+        g = torch.Generator().manual_seed(seeds[0])
+        noise = torch.randn(self.init_latent.shape, generator=g)
+        x = self.init_latent + self.denoising_strength * noise
+        return _sample(self, _unet_call(self, self.host_forge, x, conditioning), x, conditioning, self.fail_at_step)
+
+
 def process_images(p, *, fail_at_step=None, forge=False):
     """modules/processing.py process_images -> process_images_inner, in the scripts' call order:
     ``scripts.process``; per batch ``scripts.process_batch`` then ``p.sample(...)`` — the sampling
@@ -326,6 +345,12 @@ def _unet_call(p, forge, x, context):
 
 def txt2img(p, **kwargs):
     """modules/txt2img.py: ``with closing(p): processed = process_images(p)``."""
+    with contextlib.closing(p):
+        return process_images(p, **kwargs)
+
+
+def img2img(p, **kwargs):
+    """modules/img2img.py: ``with closing(p): processed = process_images(p)``."""
     with contextlib.closing(p):
         return process_images(p, **kwargs)
 
