@@ -330,7 +330,7 @@ def write_tiny_sd15_checkpoint(path: Path, seed: int = 0) -> Path:
     model.diffusion_model.*: a reduced UNet (see ``tiny_sd15_unet_config``); first_stage_model.*:
     the SD1 VAE; cond_stage_model.transformer.text_model.*: the CLIP-L text encoder. The VAE and
     text encoder are full size: ComfyUI's loader fixes their architecture for SD1.x.
-    Needs ComfyUI importable (``ComfyHarness`` first).
+    Needs ComfyUI importable (``import_comfy`` first).
     """
     import safetensors.torch
     import torch

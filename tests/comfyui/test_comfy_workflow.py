@@ -74,14 +74,16 @@ def test_same_workflow_and_seed_give_the_same_image(comfy, tome_run):
 
 
 def test_the_input_model_is_not_changed(comfy, baseline):
-    """One graph: the loader's MODEL feeds ToMe and, untouched, a plain sampler; the plain branch's
-    image is the plain run's, and the loader's MODEL carries no patch after ToMe ran on it."""
+    """One graph: the loader's MODEL feeds ToMe and, once the ToMe branch has sampled and decoded
+    (tome_test_nodes' TomeTestAfter passes the same MODEL object on only then), a plain sampler; the
+    plain branch's image is the plain run's, and the loader's MODEL carries no patch."""
     prompt = api_prompt(dict(advanced(merge_crossattn=True)), prefix="patched")
-    prompt["20"] = dict(prompt["5"], inputs=dict(prompt["5"]["inputs"], model=["1", 0]))
+    prompt["40"] = {"class_type": "TomeTestAfter", "inputs": {"model": ["1", 0], "after": ["6", 0]}}
+    prompt["20"] = dict(prompt["5"], inputs=dict(prompt["5"]["inputs"], model=["40", 0]))
     prompt["21"] = {"class_type": "VAEDecode", "inputs": {"samples": ["20", 0], "vae": ["1", 2]}}
     prompt["22"] = {"class_type": "SaveImage", "inputs": {"images": ["21", 0], "filename_prefix": "unpatched"}}
     prompt["30"] = {"class_type": "TomeTestModelReport", "inputs": {"model": ["10", 0], "label": "tome"}}
-    prompt["31"] = {"class_type": "TomeTestModelReport", "inputs": {"model": ["1", 0], "label": "loader"}}
+    prompt["31"] = {"class_type": "TomeTestModelReport", "inputs": {"model": ["40", 0], "label": "loader"}}
     result = comfy.run(prompt)
     assert result.success, result.error_message()
     [plain] = [pixels(path) for path in result.images if path.name.startswith("unpatched")]

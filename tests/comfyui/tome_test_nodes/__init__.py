@@ -1,7 +1,8 @@
 """Test-only ComfyUI nodes, loaded only by the tests' ComfyUI server (its custom_nodes search path).
 
 They let a test observe, through the server's HTTP API, what it could otherwise see only inside
-ComfyUI's executor: a model ToMe cannot patch, and which patches a MODEL carries.
+ComfyUI's executor: a model ToMe cannot patch, which patches a MODEL carries, and a MODEL used
+again after another branch has run.
 """
 from __future__ import annotations
 
@@ -48,4 +49,21 @@ class TomeTestModelReport:
         return {"ui": {"patches": [{"label": label, "patches": names}]}}
 
 
-NODE_CLASS_MAPPINGS = {"TomeTestDiTLoader": TomeTestDiTLoader, "TomeTestModelReport": TomeTestModelReport}
+class TomeTestAfter:
+    """Passes its MODEL on as the same object, once ``after`` has been computed: it orders a branch
+    after another one (ComfyUI otherwise picks the order of independent branches itself)."""
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "after"
+    CATEGORY = "testing"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "after": ("IMAGE",)}}
+
+    def after(self, model, after):
+        return (model,)
+
+
+NODE_CLASS_MAPPINGS = {"TomeTestDiTLoader": TomeTestDiTLoader, "TomeTestModelReport": TomeTestModelReport,
+                       "TomeTestAfter": TomeTestAfter}
