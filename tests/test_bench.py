@@ -52,7 +52,9 @@ def test_cli_tiny_writes_json_and_chart(tmp_path):
             assert math.isfinite(r[key]), (r["label"], key, r[key])
         assert r["speedup"] > 0 and r["speedup_best"] > 0 and r["time_s"] > 0
         assert r["peak_mem_mb"] > 0
-        assert len(r["times_s"]) == 1
+        assert len(r["times_s"]) == 1 and r["rounds"] == 1 and r["compiled"] is False
+        assert r["rank"] == "1 round: unranked"  # no noise estimate from one round
+        assert r["attention"] == "flash-cpu"  # torch's default SDPA kernel on CPU
         if r["method"] == "vanilla":
             assert r["rel_err"] == r["cfg_err"] == r["rel_err_peaked"] == 0.0
             assert r["speedup"] == 1.0 and r["mem_vs_vanilla"] == 1.0
@@ -69,6 +71,14 @@ def test_cli_tiny_writes_json_and_chart(tmp_path):
         assert sum(groups.values()) == pytest.approx(p["total_ms"])
         assert p["top_ops"] and all(op["self_ms"] >= 0 for op in p["top_ops"])
     assert "time per group" in proc.stdout
+    # every column printed is explained in the legend below the table
+    header = proc.stdout.splitlines()[0]
+    for name in ("x vanilla", "x fastest", "err peaked", "mem x", "attention", "rank"):
+        assert name in header and f"{name}: " in proc.stdout, name
+    assert set(result["metrics"]) >= {"speedup", "speedup_low", "rank", "attention",
+                                      "compile_s", "recompiles"}
+    md = (out / "results.md").read_text()
+    assert md.count("\n| sd15 ") == len(expected) and "- **x vanilla**:" in md
     png = (out / "speedup_vs_error.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -77,12 +87,185 @@ def test_entry_points(capsys):
     from tome_core.__main__ import main
     from tome_core.bench.cli import main as console_main  # tome-bench
 
-    assert main([]) == 2 and main(["nope"]) == 2
+    assert main([]) == 2 and "bench " in capsys.readouterr().err
+    assert main(["nope"]) == 2 and "unknown command 'nope'" in capsys.readouterr().err
+    assert main(["--help"]) == 0
+    help_text = capsys.readouterr().out
+    for needle in ("bench", "apply_patch", "remove_patch", "ComfyUI", "Forge"):
+        assert needle in help_text, needle
     with pytest.raises(SystemExit) as exit_:
         console_main(["--help"])
-    assert exit_.value.code == 0 and "--tiny" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="families: unknown"):
-        console_main(["--families", "sd3"])
+    text = capsys.readouterr().out
+    assert exit_.value.code == 0
+    assert all(flag in text for flag in ("--tiny", "--full", "--compile", "--gpu-suite"))
+    assert console_main(["--families", "sd3"]) == 2
+    assert "families: unknown" in capsys.readouterr().err
+
+
+def test_module_help_in_a_subprocess():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "tome_core", *a], cwd=REPO,
+                                    capture_output=True, text=True, timeout=120)
+    assert run("--help").returncode == 0 and "bench" in run("--help").stdout
+    bare = run()
+    assert bare.returncode == 2 and "python -m tome_core bench --help" in bare.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "cdua"], "unknown device 'cdua': use --device cpu, --device cuda"),
+    (["--dtype", "fp16"], "--dtype fp16 is for CUDA only"),
+    (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "cuda:97"],
+     "without CUDA" if not torch.cuda.is_available() else "CUDA device(s) here"),
+    (["--repeats", "3", "--max-repeats", "9", "--batch", "0"], "batch must be >= 1"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    """What a user sees: one line naming the fix, exit code 2, no traceback."""
+    proc = subprocess.run([sys.executable, "-m", "tome_core", "bench", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_cuda_checks_on_a_cuda_torch(monkeypatch):
+    """cuda:N that does not exist and bf16 on a GPU without it (torch.cuda faked: no GPU here)."""
+    from tome_core.bench.device import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert "only 2 CUDA device(s) here (cuda:0..cuda:1)" in check_device("cuda:7", "fp16")
+    assert check_device("cuda:1", "fp16") is None and check_device("cuda", "fp32") is None
+    assert "use --dtype fp16" in check_device("cuda", "bf16")
+    assert "not supported by the benchmark" in check_device("meta", "fp32")
+
+
+def test_sdpa_kernel_names_from_profiler_events():
+    from tome_core.bench.device import NO_SDPA, kernels_used
+    from tome_core.bench.measure import warm_up
+
+    assert kernels_used(["aten::_scaled_dot_product_flash_attention", "aten::mm"]) == "flash"
+    assert kernels_used(["aten::_scaled_dot_product_efficient_attention",
+                         "aten::_scaled_dot_product_attention_math"]) == "math+mem-efficient"
+    assert kernels_used(["aten::_scaled_dot_product_cudnn_attention"]) == "cudnn"
+    assert kernels_used(["aten::bmm", "aten::softmax"]) == NO_SDPA
+    # the real dispatch on this machine: torch's default on CPU, and the forced math kernel
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q = torch.randn(2, 4, 64, 16)
+    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert warm_up(sdpa, torch.device("cpu")).attention == "flash-cpu"
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert warm_up(sdpa, torch.device("cpu")).attention == "math"
+
+
+def _ratio(median, half, n=5):
+    from tome_core.bench.stats import Ratio
+    return Ratio(median, median - half, median + half, n)
+
+
+def test_paired_ratios_cancel_load_that_drifts_between_rounds():
+    from tome_core.bench.stats import paired_speedups, ratio_stats
+
+    # the machine gets 3x busier over the run; the method is 1.5x faster in every round
+    vanilla = [1.0, 2.0, 3.0, 1.5, 2.5]
+    method = [t / 1.5 for t in vanilla]
+    r = ratio_stats(paired_speedups(vanilla, method))
+    assert r.median == pytest.approx(1.5) and r.half_width == pytest.approx(0, abs=1e-12)
+    # unpaired medians would have mixed rounds; the paired band is exact here
+    with pytest.raises(ValueError, match="same non-zero number of rounds"):
+        paired_speedups([1.0, 2.0], [1.0])
+
+
+def test_noise_band_narrows_with_rounds_and_uses_the_mad():
+    from tome_core.bench.stats import Z, ratio_stats
+
+    few = ratio_stats([1.2, 1.4, 1.3])
+    many = ratio_stats([1.2, 1.4, 1.3] * 4)
+    assert few.median == many.median == pytest.approx(1.3)
+    assert few.half_width == pytest.approx(Z * 1.4826 * 0.1 / 3 ** 0.5)
+    assert many.half_width == pytest.approx(Z * 1.4826 * 0.1 / 12 ** 0.5)
+    one = ratio_stats([1.7])
+    assert (one.low, one.high, one.n) == (1.7, 1.7, 1)
+    # one outlier round barely moves a median/MAD band
+    assert ratio_stats([1.3, 1.31, 1.29, 1.3, 0.4]).low > 1.2
+
+
+def test_ranking_separated_methods_get_ranks():
+    from tome_core.bench.stats import ranking, unsettled, vanilla_ratio
+
+    ratios = {"vanilla": vanilla_ratio(5), "merge": _ratio(1.4, 0.05), "kv": _ratio(1.7, 0.05),
+              "tomesd": _ratio(1.2, 0.05)}
+    assert ranking(ratios) == {"kv": "1", "merge": "2", "tomesd": "3", "vanilla": "4"}
+    assert unsettled(ratios) == []
+
+
+def test_band_crossing_one_is_too_noisy_to_rank_against_vanilla():
+    from tome_core.bench.stats import TOO_NOISY, ranking, unsettled, vanilla_ratio
+
+    ratios = {"vanilla": vanilla_ratio(4), "merge": _ratio(1.05, 0.1), "kv": _ratio(1.6, 0.05)}
+    assert ranking(ratios) == {"kv": "1", "merge": TOO_NOISY, "vanilla": TOO_NOISY}
+    assert sorted(unsettled(ratios)) == ["merge", "vanilla"]
+
+
+def test_spread_large_against_the_differences_is_too_noisy_and_chains():
+    from tome_core.bench.stats import TOO_NOISY, ranking, unsettled, vanilla_ratio
+
+    # merge and tomesd differ by 0.04 but each band is +-0.1: no order between them; kv's band
+    # touches tomesd's, so the tier chains to it
+    ratios = {"vanilla": vanilla_ratio(6), "merge": _ratio(1.40, 0.1), "tomesd": _ratio(1.36, 0.1),
+              "kv": _ratio(1.20, 0.07), "kv-avg": _ratio(0.5, 0.01)}
+    assert ranking(ratios) == {"merge": TOO_NOISY, "tomesd": TOO_NOISY, "kv": TOO_NOISY,
+                               "vanilla": "2", "kv-avg": "3"}
+    assert sorted(unsettled(ratios)) == ["kv", "merge", "tomesd"]
+
+
+def test_one_round_is_never_ranked():
+    from tome_core.bench.stats import ONE_ROUND, ranking, summarize
+
+    ratios = summarize({"vanilla": [2.0], "merge": [1.0]})
+    assert ratios["merge"].median == 2.0 and set(ranking(ratios).values()) == {ONE_ROUND}
+
+
+def test_more_rounds_while_rounds_disagree_up_to_the_cap(monkeypatch):
+    """The runner's stopping rule on synthetic timings: a clear winner stops at the minimum,
+    a method indistinguishable from vanilla runs to the cap and ends 'too noisy to rank'."""
+    import contextlib
+
+    from tome_core.bench import runner
+    from tome_core.bench.methods import Variant
+
+    def fake_run(times: dict[str, list[float]]):
+        current = []
+
+        @contextlib.contextmanager
+        def patched(unet, variant, **options):
+            current.append(variant.method)
+            yield unet
+
+        def timed(fn, device):  # the next synthetic time of the patched variant
+            return times[current[-1]].pop(0), torch.zeros(2, 4, 1, 1)
+
+        w = runner.measure.WarmUp(torch.zeros(2, 4, 1, 1), 1.0, "flash-cpu", 0.01)
+        monkeypatch.setattr(runner, "patched", patched)
+        monkeypatch.setattr(runner.measure, "timed", timed)
+        monkeypatch.setattr(runner.measure, "warm_up", lambda fn, device: w)
+        variants = [Variant("vanilla"), Variant("kv", 0.5)]
+        cfg = runner.BenchConfig(repeats=2, max_repeats=5, scale="tiny", peaked=1.0,
+                                 methods=("vanilla", "kv"))
+        clock = runner.Clock(cfg, 2, lambda _: None)
+        m = runner._measure(torch.nn.Identity(), None, variants, cfg, lambda _: None, clock)
+        ratios = runner.stats.summarize({v: m.times[v] for v in variants}, vanilla=variants[0])
+        return m.times[variants[0]], runner.stats.ranking(ratios)[variants[1]]
+
+    # first vanilla time: the run after the warm-up (drift check), not a round
+    clear, rank = fake_run({"vanilla": [0.1, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0],
+                            "kv": [0.5, 1.0, 0.5, 0.5, 0.5]})
+    assert len(clear) == 2 and rank == "1"  # settled at the minimum, load doubling cancels
+    noisy, rank = fake_run({"vanilla": [0.1] + [1.0] * 5, "kv": [0.8, 1.2, 1.0, 0.7, 1.3]})
+    assert len(noisy) == 5 and rank == "too noisy to rank"  # ran to the cap
+    # disagreeing rounds, then agreeing ones: stops as soon as the bands separate
+    settles, rank = fake_run({"vanilla": [0.1] + [1.0] * 5,
+                              "kv": [0.8, 1.1, 0.5, 0.5, 0.5]})
+    assert 2 < len(settles) < 5 and rank == "1"
 
 
 @pytest.mark.parametrize("family, expected", [
