@@ -151,9 +151,11 @@ def refuse(p: Any, error: Exception) -> None:
 
     The WebUI's ScriptRunner catches and only logs what a script's callbacks raise, then generates
     without ToMe. ``processing.process_images_inner`` calls ``p.sample(...)`` outside any such
-    handler (A1111 1.6-1.10, Forge, reForge), and an exception there ends the job: the API answers
-    HTTP 500 with the message in ``errors``, the UI shows it in its error box. So ``p.sample``
-    becomes, for this ``p`` only, a function that raises ``error``; nothing is patched or written.
+    handler (A1111 1.8-dev and later master, Forge, reForge, Forge Classic), and an exception there
+    ends the job: the API answers HTTP 500 with the message in ``errors``; the UI shows it in its
+    error box (reForge and Forge Classic, whose ``main_thread`` swallows it, a generic error and the
+    message in the console). So ``p.sample`` becomes, for this ``p`` only, a function that raises
+    ``error``; nothing is patched or written.
     """
     log(f"refused, the generation stops: {error}")
 

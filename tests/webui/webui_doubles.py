@@ -10,7 +10,8 @@ Each follows the real AUTOMATIC1111 (1.6+) / Forge signature and call order it s
 - ``modules.script_callbacks``: ``on_ui_settings`` / ``on_before_ui`` registries.
 - ``modules.ui_components.InputAccordion``: a ``gr.Checkbox`` whose context opens an accordion.
 - ``modules.scripts.ScriptRunner``: every callback inside ``try/except Exception`` that only
-  reports, as the real one (A1111 1.6-1.10, Forge dfdcbab): a script that raises does not stop
+  reports, as the real one (A1111 c8a5322d 1.8-dev and 1.10's ``ordered_scripts`` version, Forge
+  dfdcbab, reForge 3b56b268, Forge Classic 1f95d717): a script that raises does not stop
   the generation.
 - ``modules.processing``: ``StableDiffusionProcessingTxt2Img`` fields the extension reads, and
   ``process_images`` calling the scripts' hooks in the real order (process; per batch
@@ -185,11 +186,14 @@ def make_input_accordion(gr):
 
 
 class ScriptRunner:
-    """modules/scripts.py ``ScriptRunner``'s alwayson callbacks (A1111 1.6-1.10; Forge head dfdcbab,
-    2025-06): each script gets ``p.script_args[args_from:args_to]``, and every callback runs inside
+    """modules/scripts.py ``ScriptRunner``'s alwayson callbacks (A1111 c8a5322d, 1.8-dev; A1111 1.10,
+    which iterates ``ordered_scripts(name)``, the same for one script; Forge head dfdcbab, 2025-06;
+    reForge 3b56b268; Forge Classic 1f95d717): each script gets ``p.script_args[args_from:args_to]``,
+    and every callback runs inside
     ``try: ... except Exception: errors.report(f"Error running {name}: {filename}", exc_info=True)``,
     so an exception a script raises is reported (here: recorded in ``reported``) and generation
-    goes on. ``process_before_every_sampling`` is Forge's (and reForge's) only."""
+    goes on. Only the Forge family calls ``process_before_every_sampling`` from ``sample``
+    (A1111 1.10's runner has it too; the extension acts on it only on Forge)."""
 
     def __init__(self, scripts: list):
         self.alwayson_scripts = scripts
