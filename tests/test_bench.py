@@ -382,3 +382,27 @@ def test_math_attention_shows_the_memory_saving_of_fewer_tokens():
         assert math_rows[label]["mem_vs_vanilla"] < 0.6, (label, math_rows[label])
     with pytest.raises(ValueError, match="attention must be one of default, math"):
         BenchConfig(attention="flash")
+
+
+def test_compile_rows_on_the_tiny_model(tmp_path):
+    """--compile: vanilla and kv compiled with torch.compile (inductor) after patching, on the
+    tiny SD1.5 at 64 px (the compilation of two variants takes minutes on 2 busy cores)."""
+    pytest.importorskip("diffusers")
+    from tome_core.bench.runner import BenchConfig, run_benchmark
+
+    cfg = BenchConfig(families=("sd15",), resolutions=((64, 64),), scale="tiny", dtype="fp32",
+                      methods=("vanilla", "kv"), repeats=1, compile=True)
+    rows = run_benchmark(cfg, progress_bar=False)["rows"]
+    assert [(r["label"], r["compiled"]) for r in rows] == [
+        ("vanilla", False), ("kv r=0.5", False), ("vanilla", True), ("kv r=0.5", True)]
+    for r in rows[2:]:
+        assert "compile_error" not in r, r.get("compile_error")
+        assert r["compile_s"] > 0 and r["time_s"] > 0 and r["speedup_vs_eager"] > 0
+        assert r["recompiles"] == 0  # the timed calls reuse the first call's graphs
+        assert r["attention"] == "inductor"
+    # compiled vanilla matches eager vanilla; compiled kv has kv's own (eager) error
+    assert rows[2]["rel_err"] < 1e-4 and rows[2]["speedup"] == 1.0
+    assert rows[3]["rel_err"] == pytest.approx(rows[1]["rel_err"], rel=1e-2, abs=1e-4)
+    from tome_core.bench.report import format_table
+    table = format_table(rows)
+    assert "compiled" in table and "x eager van" in table and "compile s" in table

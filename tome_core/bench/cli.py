@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                            "environment": env, "metrics": report.METRICS, "skipped": cfg.skipped,
                            "complete": complete, "rows": rows + new_rows, **extra}, json_path)
 
-    run: dict = {}
+    profile = None
     for cfg in configs:
         run = run_benchmark(cfg, progress_bar=not args.no_progress,
                             profile=args.profile and not rows,
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     done_cfgs.pop()
     env["load_avg_1min_at_end"] = report.load_avg()
     env["wall_s"] = round(time.perf_counter() - t0, 1)
-    extra = {"profile": profile} if args.profile and "profile" in locals() else {}
+    extra = {"profile": profile} if profile is not None else {}
     save([], complete=True, **extra)
 
     for method, reason in cfg.skipped.items():

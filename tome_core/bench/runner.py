@@ -6,6 +6,7 @@ import gc
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -155,7 +156,8 @@ class Clock:
     def text(self) -> str:
         low, high, rough = self.estimate()
         span = f"~{low:.0f} s" + (f" (up to {high:.0f} s if rounds disagree)" if high > low * 1.05 else "")
-        return span + (" (cases not yet warmed up: extrapolated by pixel count)" if rough else "")
+        span += " (cases not yet warmed up: extrapolated by pixel count)" if rough else ""
+        return span + (" + compilation (not estimated)" if self.cfg.compile else "")
 
     def warmed(self, seconds: dict[Variant, float]) -> None:
         """A case's warm-up is done: ``seconds`` per variant of one plain forward."""
@@ -246,7 +248,9 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig)
     torch._dynamo.reset()  # each variant compiles from scratch: compile time is its own
     graphs = torch._dynamo.utils.counters["stats"]
     try:
-        with patched(unet, v, **cfg.patch_options()):
+        with patched(unet, v, **cfg.patch_options()), warnings.catch_warnings():
+            # diffusers' lru_cache'd version checks: dynamo traces through them, harmlessly
+            warnings.filterwarnings("ignore", message=".*functools.lru_cache.*")
             compiled = torch.compile(unet)
             first_s, out = measure.timed(lambda: measure.forward(compiled, inputs), device)
             before = graphs["unique_graphs"]
