@@ -1,0 +1,155 @@
+"""Mode "kv" on ComfyUI's own DiT classes (Flux, MMDiT/SD3, Wan), in process, sampled by ComfyUI.
+
+Reduced-size models built from comfy.supported_models / comfy.ldm classes with seeded weights,
+patched with tome_core.dit.comfy_dit.patch_dit_model_patcher and sampled with comfy.sample.sample,
+so the wrappers, transformer_options and optimized_attention_override are ComfyUI's own.
+Run with the interpreter of an environment that has ComfyUI >= 0.3.6x (.venv-comfy-next).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import comfy_env
+
+from tome_core.config import ToMeConfig
+from tome_core.dit.comfy_dit import OVERRIDE, patch_dit_model_patcher
+
+
+@pytest.fixture(scope="module")
+def comfy():
+    comfy_dir = comfy_env.require_comfyui("TOME_REQUIRE_COMFY", "use .venv-comfy-next/bin/python")
+    comfy_env.import_comfy(comfy_dir)
+    import comfy.ldm.modules.attention as attention
+
+    if not hasattr(attention, "wrap_attn"):
+        pytest.skip("this ComfyUI has no optimized_attention_override (needs ComfyUI 0.3.6x+)")
+    import comfy.model_patcher
+    import comfy.sample
+    import comfy.supported_models
+    return comfy
+
+
+def _patcher(comfy, config_cls, unet_config):
+    model = config_cls(unet_config).get_model({})
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # ComfyUI's ops skip weight init: seed every weight
+        for p in model.diffusion_model.parameters():
+            fan_in = p.shape[-1] if p.dim() >= 2 else 16
+            p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+    cpu = torch.device("cpu")
+    return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
+
+
+def flux(comfy):
+    patcher = _patcher(comfy, comfy.supported_models.Flux, dict(
+        image_model="flux", in_channels=16, patch_size=2, out_channels=16, vec_in_dim=32, context_in_dim=32,
+        hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000,
+        qkv_bias=True, guidance_embed=True))
+    latent = torch.zeros(1, 16, 10, 13)  # 5 x 7 patches: odd sides
+    cond = [[torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(1)),
+             {"pooled_output": torch.randn(1, 32, generator=torch.Generator().manual_seed(2)), "guidance": 3.5}]]
+    return patcher, latent, cond, dict(prefix=5, grid=35)
+
+
+def sd3(comfy):
+    patcher = _patcher(comfy, comfy.supported_models.SD3, dict(
+        in_channels=16, patch_size=2, depth=2, adm_in_channels=32, pos_embed_max_size=16, out_channels=16,
+        context_embedder_config={"target": "torch.nn.Linear", "params": {"in_features": 32, "out_features": 128}},
+        x_block_self_attn_layers=[0], pos_embed_scaling_factor=None))
+    latent = torch.zeros(1, 16, 12, 10)
+    cond = [[torch.randn(1, 6, 32, generator=torch.Generator().manual_seed(1)),
+             {"pooled_output": torch.randn(1, 32, generator=torch.Generator().manual_seed(2))}]]
+    return patcher, latent, cond, dict(prefix=6, grid=30)
+
+
+def wan(comfy):
+    patcher = _patcher(comfy, comfy.supported_models.WAN21_T2V, dict(
+        image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), in_dim=16, dim=32, ffn_dim=32, freq_dim=32,
+        text_dim=32, out_dim=16, num_heads=2, num_layers=2))
+    latent = torch.zeros(1, 16, 3, 6, 10)  # 3 frames: not a multiple of a 2-frame window
+    cond = [[torch.randn(1, 7, 32, generator=torch.Generator().manual_seed(1)), {}]]
+    return patcher, latent, cond, dict(prefix=0, grid=45)
+
+
+FAMILIES = {"flux": flux, "sd3": sd3, "wan": wan}
+
+
+def sample(comfy, patcher, latent, cond, steps: int = 2) -> torch.Tensor:
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0))
+    return comfy.sample.sample(patcher, noise, steps, 1.0, "euler", "simple", cond, cond, latent,
+                               denoise=1.0, seed=0, disable_pbar=True)
+
+
+def spy_on(patcher):
+    """An override set on the patcher's model options (by 'another node') that records the attention inputs."""
+    calls = []
+
+    def spy(func, *args, **kwargs):
+        calls.append(tuple(a.clone() for a in args[:3]) + (kwargs.get("skip_reshape", False),))
+        return func(*args, **kwargs)
+
+    patcher.model_options.setdefault("transformer_options", {})[OVERRIDE] = spy
+    return calls
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_identity_bounded_change_and_original_untouched(comfy, family):
+    patcher, latent, cond, _ = FAMILIES[family](comfy)
+    expected = sample(comfy, patcher, latent, cond)
+    assert torch.isfinite(expected).all()
+    off = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.0, mode="kv"))
+    assert torch.equal(sample(comfy, off, latent, cond), expected)
+    on = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv"))
+    assert on is not patcher and not patcher.wrappers.get("apply_model")
+    changed = sample(comfy, on, latent, cond)
+    rel = ((changed - expected).norm() / expected.norm()).item()
+    assert 0 < rel < 1.0, rel
+    assert torch.equal(sample(comfy, patcher, latent, cond), expected)  # the input MODEL is unchanged
+    assert torch.equal(sample(comfy, on, latent, cond), changed)  # same seed, same output
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_text_and_queries_untouched_and_overrides_chain(comfy, family, order):
+    patcher, latent, cond, where = FAMILIES[family](comfy)
+    vanilla_patcher = patcher.clone()
+    vanilla = spy_on(vanilla_patcher)
+    sample(comfy, vanilla_patcher, latent, cond, steps=1)
+    if order == "before":  # an override already there is chained
+        base = patcher.clone()
+        patched_calls = spy_on(base)
+        patched = patch_dit_model_patcher(base, ToMeConfig(ratio=0.5, mode="kv", seed=3))
+    else:  # an override set after ours (replacing the slot) does not switch ToMe off
+        patched = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv", seed=3))
+        patched_calls = spy_on(patched)
+    sample(comfy, patched, latent, cond, steps=1)
+    assert len(vanilla) == len(patched_calls) > 0
+    q0, k0, v0, skip = vanilla[0]
+    q1, k1, v1, _ = patched_calls[0]
+    seq = 2 if skip else 1
+    assert torch.equal(q0, q1)
+    n, pre = k0.shape[seq], where["prefix"]
+    assert n == pre + where["grid"] and k1.shape[seq] < n
+    assert torch.equal(k1.narrow(seq, 0, pre), k0.narrow(seq, 0, pre))
+    assert torch.equal(v1.narrow(seq, 0, pre), v0.narrow(seq, 0, pre))
+    img0 = k0.narrow(seq, pre, n - pre).movedim(seq, 1).flatten(2)[0]
+    img1 = k1.narrow(seq, pre, k1.shape[seq] - pre).movedim(seq, 1).flatten(2)[0]
+    match = (img1[:, None] == img0[None]).all(-1)
+    assert (match.sum(1) >= 1).all() and match.float().argmax(1).unique().numel() == img1.shape[0]
+    for a, b in zip(vanilla, patched_calls):
+        assert a[0].shape == b[0].shape  # every query, every block
+    reduced = sum(1 for a, b in zip(vanilla, patched_calls) if b[1].shape != a[1].shape)
+    assert reduced > 0
+
+
+def test_refuses_pixart_and_merge_naming_the_model(comfy):
+    patcher, *_ = flux(comfy)
+    with pytest.raises(ValueError, match="Flux is a transformer-only model.*use mode='kv'"):
+        patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5))
+    pixart = _patcher(comfy, comfy.supported_models.PixArtAlpha, dict(
+        image_model="pixart_alpha", input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=1, num_heads=2,
+        caption_channels=32, pe_interpolation=1.0))
+    with pytest.raises(TypeError, match="PixArtMS is not a DiT that ToMe's kv mode can reach"):
+        patch_dit_model_patcher(pixart, ToMeConfig(ratio=0.5, mode="kv"))
+    assert not patcher.wrappers.get("apply_model") and not pixart.wrappers.get("apply_model")

@@ -1,0 +1,193 @@
+"""Mode "kv" on ComfyUI's DiTs (Flux, SD3/MMDiT, Wan) through its public patch API; duck typed, no comfy import.
+
+Two host mechanisms, both per patched clone: an APPLY_MODEL wrapper (``add_wrapper_with_key``,
+chained by ComfyUI itself) reads the latent and text shapes and the sigma of each model call, and
+for the duration of that call sets ``transformer_options["optimized_attention_override"]``, which
+ComfyUI (0.3.6x+, ``comfy/ldm/modules/attention.py: wrap_attn``) calls around every
+``optimized_attention``. The override shortens the image tokens' keys/values and then calls the
+override that was there before (set by another node, earlier or later in the graph) or the
+attention function itself. Installing per call is what lets it survive an override set after ours.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+
+from ..config import ToMeConfig
+from ..plan import partition_seed
+from .diffusers_dit import check_config
+from .grid import TokenLayout
+from .kv import dit_window, keep_index, pick_index_nd
+
+OVERRIDE = "optimized_attention_override"
+WRAPPER_KEY = "tome_dit_kv"
+APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
+_LOG = logging.getLogger("tome.dit")
+
+# diffusion_model class -> (family, text position). Flux: [text, image] (comfy/ldm/flux/layers.py,
+# model.py); MMDiT: [context, x] (mmdit.py: _block_mixing); Wan: self-attention on video tokens only.
+FAMILIES: Dict[str, Tuple[str, str]] = {
+    "Flux": ("flux", "first"),
+    "OpenAISignatureMMDITWrapper": ("sd3", "first"),
+    "MMDiT": ("sd3", "first"),
+    "WanModel": ("wan", "none"),
+    "VaceWanModel": ("wan", "none"),
+    "CameraWanModel": ("wan", "none"),
+}
+
+
+def _diffusion_model(patcher: Any) -> Any:
+    model = getattr(patcher, "model", None)
+    return getattr(model, "diffusion_model", None)
+
+
+def dit_family(patcher: Any) -> Optional[str]:
+    """The family ("flux", "sd3", "wan") of the patcher's diffusion model, or None for anything else."""
+    entry = FAMILIES.get(type(_diffusion_model(patcher)).__name__)
+    return entry[0] if entry else None
+
+
+def _host_has_override() -> bool:
+    attention = sys.modules.get("comfy.ldm.modules.attention")
+    return attention is None or hasattr(attention, "wrap_attn")  # wrap_attn is what calls the override
+
+
+def _layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tensor]) -> Optional[TokenLayout]:
+    """Token layout of one model call from the latent x [B, C, (T,) H, W], the text and the patch size."""
+    family, text_at = FAMILIES[type(diffusion_model).__name__]
+    patch = diffusion_model.patch_size
+    patch = tuple(patch) if isinstance(patch, (tuple, list)) else (patch,) * (x.ndim - 2)
+    if len(patch) != x.ndim - 2:
+        return None
+    grid = tuple(math.ceil(n / p) for n, p in zip(x.shape[2:], patch))  # the host pads to the patch size
+    if text_at == "none":
+        return TokenLayout(grid)
+    if context is None:
+        return None
+    return TokenLayout(grid, prefix=context.shape[1] + int(getattr(diffusion_model, "register_length", 0) or 0))
+
+
+class DiTKVPatch:
+    """The state of one patched clone: config, sigma window and the per-step kept indices."""
+
+    def __init__(self, config: ToMeConfig, sigma_high: float, sigma_low: float) -> None:
+        self.config = config
+        self.sigma_high, self.sigma_low = sigma_high, sigma_low
+        self._cache: Dict[Tuple, torch.Tensor] = {}
+        self._warned: set = set()
+        self.reduced_calls = 0
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            _LOG.warning(message)
+
+    def keep_for(self, layout: TokenLayout, sigma: float, device: torch.device) -> torch.Tensor:
+        config = self.config
+        key = (layout, sigma if config.use_rand else None, str(device))
+        keep = self._cache.get(key)
+        if keep is None:
+            grid = layout.grid
+            window = dit_window(config.ratio, grid, config.sx, config.sy)
+            generator = None
+            if config.use_rand:
+                rows = grid[-2] * (grid[0] if len(grid) == 3 else 1)
+                generator = torch.Generator().manual_seed(partition_seed(config.seed, sigma, rows, grid[-1]))
+            if len(self._cache) >= 16:
+                self._cache.clear()
+            keep = self._cache[key] = keep_index(layout, pick_index_nd(grid, window, generator)).to(device)
+        return keep
+
+    def override(self, layout: TokenLayout, keep: torch.Tensor, ambiguous: int,
+                 previous: Optional[Callable]) -> Callable:
+        """The optimized_attention_override for one model call; chains ``previous``."""
+
+        def tome_kv_override(func: Callable, *args: Any, **kwargs: Any) -> Any:
+            args = list(args)
+            q, k, v = args[:3] if len(args) >= 3 else (kwargs.get("q"), kwargs.get("k"), kwargs.get("v"))
+            seq = 2 if kwargs.get("skip_reshape", False) else 1
+            n = layout.length
+            # Self-attention over exactly this layout only; a cross-attention whose text happens to have
+            # the same length cannot be told apart, so that length is left alone (``ambiguous``).
+            if q is not None and n != ambiguous and q.shape[seq] == k.shape[seq] == v.shape[seq] == n:
+                k, v = k.index_select(seq, keep), v.index_select(seq, keep)
+                if len(args) >= 3:
+                    args[1], args[2] = k, v
+                else:
+                    kwargs["k"], kwargs["v"] = k, v
+                mask = kwargs.get("mask")
+                if isinstance(mask, torch.Tensor) and mask.shape[-1] == n:
+                    kwargs["mask"] = mask.index_select(-1, keep)
+                self.reduced_calls += 1
+            if previous is not None:
+                return previous(func, *args, **kwargs)
+            return func(*args, **kwargs)
+
+        return tome_kv_override
+
+    def apply_model_wrapper(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None,
+                            c_crossattn: Any = None, control: Any = None, transformer_options: Optional[dict] = None,
+                            **kwargs: Any) -> Any:
+        """APPLY_MODEL wrapper: set our override for this call only, restore what was there afterwards."""
+        options = transformer_options if transformer_options is not None else {}
+        plan = self._plan(executor.class_obj, x, t, c_crossattn)
+        if plan is None:
+            return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+        had, previous = OVERRIDE in options, options.get(OVERRIDE)
+        options[OVERRIDE] = self.override(*plan, previous=previous)
+        try:
+            return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+        finally:
+            if had:
+                options[OVERRIDE] = previous
+            else:
+                options.pop(OVERRIDE, None)
+
+    def _plan(self, base_model: Any, x: torch.Tensor, t: Any, context: Any) -> Optional[Tuple]:
+        config = self.config
+        if not config.enabled:
+            return None
+        layout = _layout(base_model.diffusion_model, x, context if isinstance(context, torch.Tensor) else None)
+        if layout is None or layout.grid_tokens < max(config.min_tokens, 2):
+            return None
+        if all(s == 1 for s in dit_window(config.ratio, layout.grid, config.sx, config.sy)):
+            return None
+        # One host read per model call (not per block): the sigma drives the schedule and the seed.
+        sigma = float(t.detach().max()) if isinstance(t, torch.Tensor) else float(t)
+        if not self.sigma_low <= sigma <= self.sigma_high:
+            return None
+        text = context.shape[1] if isinstance(context, torch.Tensor) else -1
+        ambiguous = text if layout.prefix == 0 and layout.suffix == 0 else -1
+        if layout.length == ambiguous:
+            self.warn_once("ambiguous", f"ToMe: {layout.grid_tokens} video tokens equal the text length; "
+                           "this size is left unreduced (self- and cross-attention cannot be told apart).")
+        return layout, self.keep_for(layout, sigma, x.device), ambiguous
+
+
+def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
+    """A clone of ``patcher`` with mode "kv" on its DiT; the input patcher is never changed.
+
+    Raises TypeError naming the model for diffusion models the override cannot reach (PixArt,
+    HunyuanDiT, UNets...), ValueError for settings that do not apply (mode "merge", avg), and
+    RuntimeError on a ComfyUI without ``optimized_attention_override``. Nothing is patched then.
+    """
+    diffusion_model = _diffusion_model(patcher)
+    name = type(diffusion_model).__name__
+    if name not in FAMILIES:
+        raise TypeError(f"ToMe: {name} is not a DiT that ToMe's kv mode can reach in ComfyUI; supported: "
+                        f"Flux, SD3/SD3.5 (MMDiT), Wan 2.x. UNet models (SD1.x/SD2.x/SDXL) use the UNet patch.")
+    check_config(diffusion_model, config)
+    if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():
+        raise RuntimeError("ToMe: this ComfyUI has no transformer_options['optimized_attention_override'] "
+                           "(added in ComfyUI 0.3.6x); update ComfyUI to use ToMe on DiT models.")
+    sampling = patcher.get_model_object("model_sampling")
+    high, low = float(sampling.percent_to_sigma(config.start_percent)), float(sampling.percent_to_sigma(config.end_percent))
+    state = DiTKVPatch(config, sigma_high=high, sigma_low=low)
+    clone = patcher.clone()
+    clone.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)  # re-patching replaces, never stacks
+    clone.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, state.apply_model_wrapper)
+    return clone
