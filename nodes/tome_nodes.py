@@ -67,9 +67,20 @@ KV_DOWNSAMPLE_INPUT = (list(KV_DOWNSAMPLES), {"default": "nearest", "tooltip":
                        "SD1.5 in our measurements), avg averages each window (lower on SDXL)."})
 
 
+# The inputs the advanced node's validation function declares. ComfyUI (2024 and 0.3.75, execution.py
+# validate_inputs) reports a failed VALIDATE_INPUTS / validate_inputs on *every* input that function
+# declares (same message on each), and the function can only see what it declares. So it declares the
+# inputs of ToMeConfig's cross-input rules (ratio <= 1 - 1/(sx*sy); merge_crossattn needs mode merge;
+# start_percent <= end_percent), max_downsample (its rule {1, 2, 4, 8} is no min/max) and kv_downsample
+# (ComfyUI checks no V3 combo's options, and the 2024 one no optional input at all); use_rand,
+# tome_seed and min_tokens are range-checked by ComfyUI itself, on that input alone.
+RULE_INPUTS = ("ratio", "max_downsample", "sx", "sy", "mode", "merge_crossattn", "start_percent", "end_percent",
+               "kv_downsample")
+
+
 def _bound_error(spec: Dict[str, tuple], values: Dict[str, Any]) -> Optional[str]:
-    """The widget-range error for values, or None; ComfyUI skips its own min/max check for inputs
-    that VALIDATE_INPUTS takes (since 2024), so the node repeats it."""
+    """The widget-range error for values, or None; ComfyUI 0.3.75 skips its own min/max check for
+    inputs the validation function takes, so the node repeats it for those (in ToMe's words)."""
     for name, value in values.items():
         options = spec[name][1] if len(spec[name]) > 1 else {}
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -89,9 +100,11 @@ def _config(spec: Dict[str, tuple], **values: Any) -> ToMeConfig:
     return ToMeConfig(seed=seed, **values)
 
 
-def _validate(spec: Dict[str, tuple], values: Dict[str, Any]):
+def validate(spec: Dict[str, tuple], values: Dict[str, Any]):
+    """True, or the engine's message for the declared inputs; the others take their defaults here
+    (ComfyUI checks their ranges on its own), linked inputs (None) are checked when the node runs."""
     if any(value is None for value in values.values()):
-        return True  # linked from another node: checked when the node runs
+        return True
     try:
         _config(spec, **values)
     except (TypeError, ValueError) as error:
@@ -99,17 +112,20 @@ def _validate(spec: Dict[str, tuple], values: Dict[str, Any]):
     return True
 
 
-def _patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any]) -> dict:
+def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any]) -> tuple:
+    """The patched clone and the info the frontend extension draws; shared by the V1 and V3 nodes."""
     config = _config(spec, **values)
     patched = patch_model_patcher(model, config)
     info = dict(config.as_dict(), base_downsample=base_downsample_of(model),
                 model_type=type(getattr(model, "model", model)).__name__)
-    return {"ui": {"tome": [info]}, "result": (patched,)}
+    return patched, {"tome": [info]}
 
 
 class ToMe:
     """ToMe with the two settings that matter: how much to merge and how deep."""
 
+    NODE_ID = "TomeCoreToMe"
+    DISPLAY_NAME = "ToMe (token merging)"
     DESCRIPTION = ("Token Merging: speeds up SD1.x/SD2.x/SDXL sampling by merging similar image tokens in "
                    "self-attention; put it between the model loader and the sampler.")
     CATEGORY = CATEGORY
@@ -122,20 +138,26 @@ class ToMe:
         return {"required": {"model": MODEL_INPUT, "ratio": RATIO, "max_downsample": MAX_DOWNSAMPLE}}
 
     @classmethod
-    def _spec(cls) -> Dict[str, tuple]:
-        return cls.INPUT_TYPES()["required"]
+    def spec(cls) -> Dict[str, tuple]:
+        """Every input's (type, options), required and optional: the one table both schemas use."""
+        inputs = cls.INPUT_TYPES()
+        return dict(inputs["required"], **inputs.get("optional", {}))
 
     @classmethod
-    def VALIDATE_INPUTS(cls, ratio=None, max_downsample=None):
-        return _validate(cls._spec(), {"ratio": ratio, "max_downsample": max_downsample})
+    def VALIDATE_INPUTS(cls, max_downsample=None):
+        # ratio's bound is fixed here (sx = sy = 2): ComfyUI's own max check reports it on ratio.
+        return validate(cls.spec(), {"max_downsample": max_downsample})
 
     def patch(self, model, ratio, max_downsample):
-        return _patch(model, self._spec(), {"ratio": ratio, "max_downsample": max_downsample})
+        patched, ui = patch(model, self.spec(), {"ratio": ratio, "max_downsample": max_downsample})
+        return {"ui": ui, "result": (patched,)}
 
 
 class ToMeAdvanced(ToMe):
     """ToMe with every option the ComfyUI patch points allow."""
 
+    NODE_ID = "TomeCoreToMeAdvanced"
+    DISPLAY_NAME = "ToMe (advanced)"
     DESCRIPTION = ("Token Merging with all options: cell size, randomness and its seed, merge or key/value "
                    "pooling, cross-attention merging and the part of the schedule where ToMe is on.")
 
@@ -146,34 +168,23 @@ class ToMeAdvanced(ToMe):
                 "optional": {"kv_downsample": KV_DOWNSAMPLE_INPUT}}
 
     @classmethod
-    def _spec(cls) -> Dict[str, tuple]:
-        inputs = cls.INPUT_TYPES()
-        return dict(inputs["required"], **inputs["optional"])
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, ratio=None, max_downsample=None, sx=None, sy=None, use_rand=None, tome_seed=None,
-                        mode=None, merge_crossattn=None, start_percent=None, end_percent=None, min_tokens=None,
-                        kv_downsample=None):
-        values = dict(ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand,
-                      tome_seed=tome_seed, mode=mode, merge_crossattn=merge_crossattn,
-                      start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens)
+    def VALIDATE_INPUTS(cls, ratio=None, max_downsample=None, sx=None, sy=None, mode=None, merge_crossattn=None,
+                        start_percent=None, end_percent=None, kv_downsample=None):
+        values = dict(ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, mode=mode,
+                      merge_crossattn=merge_crossattn, start_percent=start_percent, end_percent=end_percent)
         if kv_downsample is not None:  # absent in workflows saved before the input existed
             values["kv_downsample"] = kv_downsample
-        result = _validate(cls._spec(), values)
-        if result is True and merge_crossattn and mode == "kv":
-            return "ToMe: merge_crossattn needs mode 'merge' (mode 'kv' pools self-attention keys only)."
-        return result
+        return validate(cls.spec(), values)
 
     def patch(self, model, ratio, max_downsample, sx, sy, use_rand, tome_seed, mode, merge_crossattn,
               start_percent, end_percent, min_tokens, kv_downsample="nearest"):
-        if merge_crossattn and mode == "kv":
-            raise ValueError("ToMe: merge_crossattn needs mode 'merge' (mode 'kv' pools self-attention keys only).")
-        values = dict(ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand,
-                      tome_seed=tome_seed, mode=mode, merge_crossattn=merge_crossattn,
-                      start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens,
-                      kv_downsample=kv_downsample)
-        return _patch(model, self._spec(), values)
+        patched, ui = patch(model, self.spec(), dict(
+            ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, tome_seed=tome_seed,
+            mode=mode, merge_crossattn=merge_crossattn, start_percent=start_percent, end_percent=end_percent,
+            min_tokens=min_tokens, kv_downsample=kv_downsample))
+        return {"ui": ui, "result": (patched,)}
 
 
-NODE_CLASS_MAPPINGS = {"TomeCoreToMe": ToMe, "TomeCoreToMeAdvanced": ToMeAdvanced}
-NODE_DISPLAY_NAME_MAPPINGS = {"TomeCoreToMe": "ToMe (token merging)", "TomeCoreToMeAdvanced": "ToMe (advanced)"}
+V1_NODES = (ToMe, ToMeAdvanced)
+NODE_CLASS_MAPPINGS = {node.NODE_ID: node for node in V1_NODES}
+NODE_DISPLAY_NAME_MAPPINGS = {node.NODE_ID: node.DISPLAY_NAME for node in V1_NODES}

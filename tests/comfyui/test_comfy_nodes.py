@@ -6,6 +6,7 @@ model.diffusion_model, model_sampling): the real one is exercised in test_comfy_
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import shutil
 import subprocess
@@ -126,22 +127,43 @@ def advanced_values(**changes):
     return values
 
 
+def declared(node, values: dict) -> dict:
+    """The values ComfyUI passes to VALIDATE_INPUTS: those of the inputs it declares
+    (execution.py validate_inputs, getfullargspec(...).args)."""
+    names = inspect.getfullargspec(node.VALIDATE_INPUTS).args
+    return {name: value for name, value in values.items() if name in names}
+
+
+def test_validation_declares_only_the_inputs_of_its_rules(tome_package):
+    """ComfyUI reports a failed validation on every declared input: the basic node declares only
+    max_downsample (ratio's fixed bound is ComfyUI's own max check); the advanced node RULE_INPUTS."""
+    from tome_custom_node_under_test.nodes import tome_nodes
+
+    assert inspect.getfullargspec(tome_nodes.ToMe.VALIDATE_INPUTS).args == ["cls", "max_downsample"]
+    advanced = tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"]
+    assert inspect.getfullargspec(advanced.VALIDATE_INPUTS).args == ["cls", *tome_nodes.RULE_INPUTS]
+    undeclared = set(advanced.spec()) - set(tome_nodes.RULE_INPUTS) - {"model"}
+    assert undeclared == {"use_rand", "tome_seed", "min_tokens"}
+    for name in ("tome_seed", "min_tokens"):  # left to ComfyUI's own min check, on that input alone
+        assert advanced.spec()[name][1]["min"] == 0
+
+
 @pytest.mark.parametrize("changes, field", [
     (dict(ratio=0.9), "ratio"), (dict(max_downsample=3), "max_downsample"), (dict(sx=1, sy=1), "ratio"),
     (dict(start_percent=0.7, end_percent=0.1), "start_percent"), (dict(mode="avg"), "mode"),
-    (dict(mode="kv", merge_crossattn=True), "merge_crossattn"), (dict(min_tokens=-1), "min_tokens"),
+    (dict(mode="kv", merge_crossattn=True), "merge_crossattn"), (dict(sx=9), "sx"),
     (dict(mode="kv", kv_downsample="max"), "kv_downsample"),
 ])
 def test_validate_inputs_names_the_bad_input(tome_package, changes, field):
     node = tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"]
-    assert node.VALIDATE_INPUTS(**advanced_values()) is True
-    message = node.VALIDATE_INPUTS(**advanced_values(**changes))
-    assert isinstance(message, str) and field in message
+    assert node.VALIDATE_INPUTS(**declared(node, advanced_values())) is True
+    message = node.VALIDATE_INPUTS(**declared(node, advanced_values(**changes)))
+    assert isinstance(message, str) and field in message and message.startswith("ToMe:")
 
 
 def test_linked_widget_values_are_checked_when_the_node_runs(tome_package):
     node = tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMe"]
-    assert node.VALIDATE_INPUTS(ratio=None, max_downsample=1) is True
+    assert node.VALIDATE_INPUTS(max_downsample=None) is True
     with pytest.raises(ValueError, match="ratio"):
         node().patch(StandInPatcher(BaseModel(StandInUNet())), ratio=0.8, max_downsample=1)
 
@@ -323,4 +345,4 @@ def test_ui_and_api_example_workflows_agree(tome_package, name):
     widgets = [name for name in dict(inputs["required"], **inputs.get("optional", {})) if name != "model"]
     values = dict(zip(widgets, tome["widgets_values"], strict=True))
     assert values == {k: v for k, v in api[str(tome["id"])]["inputs"].items() if k != "model"}
-    assert node_class.VALIDATE_INPUTS(**values) is True
+    assert node_class.VALIDATE_INPUTS(**declared(node_class, values)) is True
