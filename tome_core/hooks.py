@@ -138,7 +138,9 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
         timestep = args[1] if len(args) > 1 else next(
             (kwargs[k] for k in ("timestep", "timesteps", "t") if k in kwargs), None)
         state.latent_hw = (int(sample.shape[-2]), int(sample.shape[-1]))
-        state.step_key, state.progress = step_of(timestep)
+        # step_of reads the timestep (one host sync per UNet call): only when the plans depend on it.
+        if state.merger.needs_step() or state.config.start_percent > 0 or state.config.end_percent < 1:
+            state.step_key, state.progress = step_of(timestep)
         return None
 
     state.handles.append(unet.register_forward_pre_hook(record_step, with_kwargs=True))

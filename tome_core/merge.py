@@ -56,9 +56,25 @@ def make_partition(h: int, w: int, sx: int, sy: int, cell_choice: Optional[torch
     cell_choice = cell_choice.to("cpu", torch.long)
     rows = torch.arange(hsy).view(-1, 1) * sy + cell_choice // sx
     cols = torch.arange(wsx).view(1, -1) * sx + cell_choice % sx
-    is_dst = torch.zeros(h * w, dtype=torch.bool)
-    is_dst[(rows * w + cols).flatten()] = True
-    return Partition(dst_idx=is_dst.nonzero().flatten().to(device), src_idx=(~is_dst).nonzero().flatten().to(device))
+    is_dst = torch.zeros(h * w, dtype=torch.int8)
+    is_dst[(rows * w + cols).flatten()] = 1
+    # A stable sort puts the sources, then the destinations, each in raster order: the same split as
+    # nonzero() without its data-dependent shape (the number of destinations is hsy * wsx).
+    order = torch.sort(is_dst, stable=True).indices
+    num_src = h * w - hsy * wsx
+    return Partition(dst_idx=to_device(order[num_src:], device), src_idx=to_device(order[:num_src], device))
+
+
+def to_device(x: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """Move a table built on the CPU to ``device`` without a host sync.
+
+    A plain CPU-to-CUDA copy waits for the stream to drain; from pinned memory with non_blocking it is
+    queued like a kernel (the caching host allocator keeps the pinned buffer alive until it is done).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
 
 SCORE_CHUNK_ELEMENTS = 1 << 23  # ~16 MB of bf16 scores at a time
@@ -113,7 +129,9 @@ def bipartite_soft_matching(metric: torch.Tensor, partition: Partition, r: int) 
         slot[:, partition.dst_idx] = torch.arange(num_dst, device=metric.device)
         slot[:, partition.src_idx] = src_slot
         flat_slot = (slot + torch.arange(batch, device=metric.device).view(-1, 1) * num_out).flatten()
-        counts = torch.bincount(flat_slot, minlength=batch * num_out).unsqueeze(-1)
+        # Not bincount: its output size depends on the data, which costs a host sync on CUDA.
+        counts = torch.zeros(batch * num_out, dtype=torch.long, device=metric.device)
+        counts = counts.scatter_add_(0, flat_slot, torch.ones_like(flat_slot)).unsqueeze(-1)
         scatter_index = flat_slot.unsqueeze(-1)
 
     def merge(x: torch.Tensor) -> torch.Tensor:
@@ -179,4 +197,4 @@ def kv_pick_index(h: int, w: int, window: Tuple[int, int], choice: Optional[torc
         col_offset = (choice[1] * cols_size.view(1, -1)).long()
     rows = rows_start.view(-1, 1) + row_offset
     cols = cols_start.view(1, -1) + col_offset
-    return (rows * w + cols).flatten().to(device)
+    return to_device((rows * w + cols).flatten(), device)

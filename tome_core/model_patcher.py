@@ -105,13 +105,33 @@ def sigma_window(patcher: Any, config: ToMeConfig) -> SigmaWindow:
     return SigmaWindow(high=float(to_sigma(config.start_percent)), low=float(to_sigma(config.end_percent)))
 
 
-def _step_sigma(extra_options: dict) -> Optional[float]:
-    sigmas = extra_options.get("sigmas")
+def _step_sigma(sigmas: Any) -> Optional[float]:
+    """The largest sigma of the batch as a float; for a tensor this is a device-to-host sync."""
     if sigmas is None:
         return None
     if isinstance(sigmas, torch.Tensor):
         return float(sigmas.detach().max())
     return float(max(sigmas)) if isinstance(sigmas, (list, tuple)) else float(sigmas)
+
+
+class StepSigma:
+    """``_step_sigma`` read at most once per model call.
+
+    ComfyUI passes the same ``sigmas`` tensor object (transformer_options["sigmas"], set once in
+    ``BaseModel._apply_model``) to every block of one model call, so the float is memoised on that
+    object's identity: one host sync per model call instead of one per block. The reference held
+    keeps the id from being reused by a new tensor.
+    """
+
+    def __init__(self) -> None:
+        self._sigmas: Any = None
+        self._value: Optional[float] = None
+
+    def __call__(self, extra_options: dict) -> Optional[float]:
+        sigmas = extra_options.get("sigmas")
+        if sigmas is not self._sigmas or sigmas is None:
+            self._sigmas, self._value = sigmas, _step_sigma(sigmas)
+        return self._value
 
 
 def _latent_hw(extra_options: dict) -> Optional[Tuple[int, int]]:
@@ -142,16 +162,23 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
     at the same sigma share one random partition (the sigma is the merger's step key).
     """
     merger = TokenMerger(config, base_downsample)
+    step_sigma = StepSigma()
+    windowed = window != SigmaWindow()
 
     def plan_for(n: torch.Tensor, extra_options: dict) -> TokenPlan:
+        # Shapes first: blocks ToMe leaves alone never look at the sigma (a host sync for a tensor),
+        # and the sigma is read only when the window or a random partition depends on it.
         shape = extra_options.get("original_shape")
         hw = _latent_hw(extra_options)
-        sigma = _step_sigma(extra_options)
         if hw is None or n.dim() != 3 or n.shape[0] != shape[0]:
             return IDENTITY_PLAN  # no latent size, or an earlier patch regrouped the tokens (HyperTile)
-        if sigma is not None and not window.contains(sigma):
+        grid = merger.grid(n, hw)
+        if grid is None:
             return IDENTITY_PLAN
-        return merger.plan(n, hw, step_key=0.0 if sigma is None else sigma)
+        sigma = step_sigma(extra_options) if windowed or merger.needs_step() else None
+        if windowed and sigma is not None and not window.contains(sigma):
+            return IDENTITY_PLAN
+        return merger.plan_at(n, grid, step_key=0.0 if sigma is None else sigma)
 
     def slot_patches(kind: str) -> Tuple[Callable, Callable]:
         # The plan of the block being evaluated and the [B, N'] its attention output must have,

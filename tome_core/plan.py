@@ -65,32 +65,53 @@ class TokenMerger:
     def plan(self, hidden: torch.Tensor, latent_hw: Tuple[int, int], step_key: float = 0.0,
              progress: Optional[float] = None) -> TokenPlan:
         """hidden: [B, N, C] block input; latent_hw: the UNet input's (H, W); step_key: timestep or sigma."""
-        config = self.config
-        if not config.enabled or not config.in_schedule(progress):
+        if not self.config.in_schedule(progress):
             return IDENTITY_PLAN
+        grid = self.grid(hidden, latent_hw)
+        return IDENTITY_PLAN if grid is None else self.plan_at(hidden, grid, step_key)
+
+    def grid(self, hidden: torch.Tensor, latent_hw: Tuple[int, int]) -> Optional[Tuple[int, int]]:
+        """(h, w) of the token grid ToMe acts on in this block, or None where it leaves the block alone.
+
+        Decided from shapes and the config only, so a host can skip blocks ToMe does not touch
+        before it looks at the step (which may cost a device-to-host sync).
+        """
+        config = self.config
+        if not config.enabled:
+            return None
         n_tokens = hidden.shape[1]
         if n_tokens < config.min_tokens:
-            return IDENTITY_PLAN
+            return None
         grid = grid_for_tokens(n_tokens, int(latent_hw[0]), int(latent_hw[1]))
         if grid is None:
             if not self._warned_grid:
                 log.warning("ToMe: %d tokens match no level of a %sx%s latent; leaving such blocks unmerged "
                             "(another patch reshaped the tokens?).", n_tokens, *latent_hw)
                 self._warned_grid = True
-            return IDENTITY_PLAN
+            return None
         downsample, h, w = grid
         if downsample > config.max_downsample * self.base_downsample:
-            return IDENTITY_PLAN
+            return None
+        if config.mode == "kv" and self._kv_window == (1, 1):
+            return None
+        return h, w
+
+    def needs_step(self) -> bool:
+        """Whether plans depend on the step: only random partitions (use_rand) do."""
+        return self.config.use_rand and not (self.config.mode == "kv" and self.config.kv_downsample == "avg")
+
+    def plan_at(self, hidden: torch.Tensor, grid: Tuple[int, int], step_key: float = 0.0) -> TokenPlan:
+        """The plan of a block whose level ``grid`` (from ``grid``) ToMe acts on, at ``step_key``."""
+        config = self.config
+        h, w = grid
         if config.mode == "kv":
             window = self._kv_window
-            if window == (1, 1):
-                return IDENTITY_PLAN
             if config.kv_downsample == "avg":
                 return TokenPlan(active=True, reduce_kv=lambda x: pool_tokens(x, h, w, window))
             index = self._kv_index(h, w, step_key, hidden.device)
             return TokenPlan(active=True, reduce_kv=lambda x: x.index_select(1, index))
         merge, unmerge = bipartite_soft_matching(
-            hidden, self._partition(h, w, step_key, hidden.device), int(n_tokens * config.ratio)
+            hidden, self._partition(h, w, step_key, hidden.device), int(hidden.shape[1] * config.ratio)
         )
         return TokenPlan(active=merge is not do_nothing, merge=merge, unmerge=unmerge)
 
