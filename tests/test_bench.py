@@ -406,3 +406,38 @@ def test_compile_rows_on_the_tiny_model(tmp_path):
     from tome_core.bench.report import format_table
     table = format_table(rows)
     assert "compiled" in table and "x eager van" in table and "compile s" in table
+
+
+def test_presets_and_gpu_suite_configs():
+    from tome_core.bench.cli import _configs, build_parser
+
+    def configs(*argv):
+        return _configs(build_parser().parse_args(list(argv)))
+
+    (default,) = configs()
+    assert (default.families, default.resolutions, default.repeats, default.max_repeats,
+            default.budget_s, default.compile) == (("sd15",), ((512, 512),), 2, 5, 170.0, False)
+    (full,) = configs("--full")
+    assert full.resolutions == ((512, 512), (768, 768)) and (full.repeats, full.budget_s) == (3, None)
+    # the GPU plan, built here on CPU (device/dtype given, so the CUDA check passes)
+    suite = configs("--gpu-suite", "--device", "cpu", "--dtype", "bf16")
+    assert [(c.families, c.resolutions) for c in suite] == [
+        (("sd15",), ((512, 512), (1024, 1024), (2048, 2048))), (("sdxl",), ((1024, 1024),))]
+    assert all(c.compile and (c.repeats, c.max_repeats) == (3, 6) for c in suite)
+    assert [c.families for c in configs("--gpu-suite", "--families", "sdxl", "--device", "cpu",
+                                        "--dtype", "bf16")] == [("sdxl",)]
+
+
+def test_clock_estimates_from_measured_forwards():
+    from tome_core.bench.methods import Variant
+    from tome_core.bench.runner import BenchConfig, Clock
+
+    cfg = BenchConfig(resolutions=((512, 512), (1024, 1024)), repeats=2, max_repeats=4)
+    clock = Clock(cfg, 2, lambda _: None)
+    clock.warmed({Variant("vanilla"): 3.0, Variant("kv", 0.5): 1.0})  # one round: 4 s
+    low, high, rough = clock.estimate()
+    # this case: 2 rounds of 4 s (4 more if rounds disagree); the 1024 case: 4x the pixels,
+    # 2 x (1 + 2) + 1 forwards of 2 s on average
+    assert rough and low == pytest.approx(8 + 4 * 7 * 2) and high == pytest.approx(low + 8 + 4 * 8)
+    clock.round_done(5.0)
+    assert clock.estimate()[0] == pytest.approx(5 + 4 * 7 * 2.5)

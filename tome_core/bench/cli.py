@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                            "environment": env, "metrics": report.METRICS, "skipped": cfg.skipped,
                            "complete": complete, "rows": rows + new_rows, **extra}, json_path)
 
-    profile = None
+    profile, estimates = None, []
     for cfg in configs:
         run = run_benchmark(cfg, progress_bar=not args.no_progress,
                             profile=args.profile and not rows,
@@ -226,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
             profile = run["profile"]
         rows += run["rows"]
         done_cfgs.append(cfg.as_dict())
+        estimates.append(run["estimate"])
     done_cfgs.pop()
     env["load_avg_1min_at_end"] = report.load_avg()
     env["wall_s"] = round(time.perf_counter() - t0, 1)
+    env["estimates"] = estimates  # per benchmark run: seconds in, predicted total seconds
     extra = {"profile": profile} if profile is not None else {}
     save([], complete=True, **extra)
 
@@ -252,7 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         rows, f"tome_core bench on {where}, {configs[0].dtype}, torch {env['torch']}"))
     chart = report.write_chart(rows, args.out / "speedup_vs_error.png")
     print(f"\nwrote {json_path}, {md}" + (f" and {chart}" if chart else ""))
-    print(f"finished in {env['wall_s']:.0f} s", file=sys.stderr)
+    first = estimates[0] if len(estimates) == 1 else None
+    guess = (f" (estimated after the warm-up, {first['at_s']:.0f} s in: {first['total_s']:.0f} s"
+             + (f", up to {first['total_up_to_s']:.0f} s" if first["total_up_to_s"] > first["total_s"] * 1.05 else "")
+             + ")") if first else ""
+    print(f"finished in {env['wall_s']:.0f} s{guess}", file=sys.stderr)
     return 0
 
 

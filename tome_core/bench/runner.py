@@ -126,6 +126,7 @@ class Clock:
         self.round_s = None     # seconds of one round of the current case (measured)
         self.rounds_left = 0    # minimum rounds still to run in the current case
         self.printed_first = False
+        self.first: dict | None = None  # the first estimate: when, and the total it predicted
         self.deadline = None if cfg.budget_s is None else self.t0 + cfg.budget_s
 
     def elapsed(self) -> float:
@@ -165,6 +166,10 @@ class Clock:
         self.rounds_left = self.cfg.repeats
         if not self.printed_first:
             self.printed_first = True
+            low, high, _ = self.estimate()
+            self.first = {"at_s": round(self.elapsed(), 1),
+                          "total_s": round(self.elapsed() + low, 1),
+                          "total_up_to_s": round(self.elapsed() + high, 1)}
             self.log(f"{self.elapsed():.0f} s so far; estimated time left, from the measured "
                      f"warm-up: {self.text()}")
 
@@ -362,6 +367,7 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
                bar_format="{desc}: {n_fmt}/{total_fmt} forwards [{elapsed}] {postfix}")
     log = log or (lambda text: tqdm.write(text, file=sys.stderr))
     clock = Clock(cfg, len(variants), log)
+    log(f"{n_forwards} UNet forwards to run; a time estimate follows the first warm-up round")
     rows, prof = [], None
     try:
         with attention_backend(cfg.attention):
@@ -385,7 +391,8 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
                 gc.collect()
     finally:
         bar.close()
-    result = {"config": cfg.as_dict(), "rows": rows, "skipped": dict(cfg.skipped)}
+    result = {"config": cfg.as_dict(), "rows": rows, "skipped": dict(cfg.skipped),
+              "estimate": clock.first, "run_s": round(clock.elapsed(), 1)}
     if prof is not None:
         result["profile"] = prof
     return result
