@@ -159,11 +159,25 @@ def _leave(state: DiTState):
     return hook
 
 
-def install(model: torch.nn.Module, config: ToMeConfig) -> DiTState:
-    """Hook every attention of ``model`` (a supported DiT; see ``find_dit``). Raises before patching anything."""
+def attention_names(model: torch.nn.Module) -> List[str]:
+    """Names of the attentions mode "kv" can patch in ``model``, in block order (e.g. for ``blocks``)."""
+    return [name for name, _, _ in FAMILIES[type(model).__name__].attentions(model)]
+
+
+def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[str]] = None) -> DiTState:
+    """Hook the attentions of ``model`` (a supported DiT; see ``find_dit``). Raises before patching anything.
+
+    blocks: names from ``attention_names`` to patch (None: all); used to measure which blocks
+    tolerate reduction.
+    """
     check_config(model, config)
     family = FAMILIES[type(model).__name__]
     modules = family.attentions(model)
+    if blocks is not None:
+        unknown = sorted(set(blocks) - {name for name, _, _ in modules})
+        if unknown:
+            raise ValueError(f"ToMe: {type(model).__name__} has no attention {unknown[:3]}; see attention_names().")
+        modules = [entry for entry in modules if entry[0] in set(blocks)]
     state = DiTState(model, config, modules)
     state.handles.append(model.register_forward_pre_hook(_on_model_call, with_kwargs=True))
     for name, module, kind in modules:
