@@ -53,8 +53,8 @@ def apply_patch(
     unsupported = diffusers_dit.unsupported_dit(model)
     if unsupported is not None:
         raise TypeError(
-            f"ToMe: {unsupported} is a transformer-only model that ToMe cannot reach; supported DiTs: "
-            f"{', '.join(diffusers_dit.FAMILIES)} (mode='kv'), UNets: {SUPPORTED}."
+            f"ToMe: {unsupported} has no UNet with transformer blocks to merge and is not a DiT that ToMe's "
+            f"kv mode reaches; supported DiTs: {', '.join(diffusers_dit.FAMILIES)} (mode='kv'), UNets: {SUPPORTED}."
         )
     unets = check_patchable(model)
     remove_patch(model)
