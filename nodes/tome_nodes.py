@@ -10,17 +10,21 @@ from typing import Any, Dict, Optional
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
     from ..tome_core.config import KV_DOWNSAMPLES, MODES
+    from ..tome_core.dit import dit_window
+    from ..tome_core.dit.comfy_dit import dit_family, patch_dit_model_patcher
     from ..tome_core.model_patcher import base_downsample_of, patch_model_patcher
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.config import KV_DOWNSAMPLES, MODES
+    from tome_core.dit import dit_window
+    from tome_core.dit.comfy_dit import dit_family, patch_dit_model_patcher
     from tome_core.model_patcher import base_downsample_of, patch_model_patcher
 
 CATEGORY = "model_patches/unet"
 MAX_SEED = 0xFFFFFFFF
 
-MODEL_INPUT = ("MODEL", {"tooltip": "The UNet model to speed up (SD1.x, SD2.x, SDXL). It is not changed: "
-                                    "the node returns a patched copy."})
+MODEL_INPUT = ("MODEL", {"tooltip": "The model to speed up: a UNet (SD1.x, SD2.x, SDXL), or a DiT (Flux, SD3/3.5, "
+                                    "Wan 2.x) in mode kv. It is not changed: the node returns a patched copy."})
 RATIO = ("FLOAT", {
     "default": 0.5, "min": 0.0, "max": 0.75, "step": 0.01,
     "tooltip": "Fraction of image tokens merged away in each patched self-attention. 0.3-0.5 keeps quality "
@@ -31,7 +35,7 @@ MAX_DOWNSAMPLE = ("INT", {
     "default": 1, "min": 1, "max": 8, "step": 1,
     "tooltip": "Deepest UNet level merged, counted from the model's first attention level: 1 = only that "
                "level (most of the speed-up, least damage), 2, 4 or 8 = deeper levels too. SD1/SD2 start at "
-               "full latent resolution, SDXL at half, so 1 also speeds up SDXL.",
+               "full latent resolution, SDXL at half, so 1 also speeds up SDXL. DiTs have no levels: ignored there.",
 })
 ADVANCED_INPUTS = {
     "sx": ("INT", {"default": 2, "min": 1, "max": 8, "step": 1, "tooltip":
@@ -82,6 +86,8 @@ def _bound_error(spec: Dict[str, tuple], values: Dict[str, Any]) -> Optional[str
     """The widget-range error for values, or None; ComfyUI 0.3.75 skips its own min/max check for
     inputs the validation function takes, so the node repeats it for those (in ToMe's words)."""
     for name, value in values.items():
+        if name not in spec:  # a value the node sets itself (the basic node's mode on a DiT)
+            continue
         options = spec[name][1] if len(spec[name]) > 1 else {}
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if "min" in options and value < options["min"]:
@@ -113,11 +119,25 @@ def validate(spec: Dict[str, tuple], values: Dict[str, Any]):
 
 
 def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any]) -> tuple:
-    """The patched clone and the info the frontend extension draws; shared by the V1 and V3 nodes."""
+    """The patched clone and the info the frontend extension draws; shared by the V1 and V3 nodes.
+
+    DiTs (Flux, SD3/3.5, Wan) route to the kv patch: the basic node, which has no mode input, uses
+    kv there (the only mode a DiT has); the advanced node's mode is honoured, so "merge" is refused
+    with the engine's message naming the model and the fix. max_downsample does not apply to DiTs.
+    """
+    family = dit_family(model)
+    if family is not None and "mode" not in values:
+        values = dict(values, mode="kv")
     config = _config(spec, **values)
-    patched = patch_model_patcher(model, config)
-    info = dict(config.as_dict(), base_downsample=base_downsample_of(model),
-                model_type=type(getattr(model, "model", model)).__name__)
+    model_type = type(getattr(model, "model", model)).__name__
+    if family is None:
+        patched = patch_model_patcher(model, config)
+        info = dict(config.as_dict(), base_downsample=base_downsample_of(model), model_type=model_type)
+        return patched, {"tome": [info]}
+    patched = patch_dit_model_patcher(model, config)
+    nominal_grid = (21, 60, 104) if family == "wan" else (64, 64)  # 480p 81 frames / 1024^2: the window
+    info = dict(config.as_dict(), base_downsample=1, model_type=model_type, family=family,
+                kv_window=list(dit_window(config.ratio, nominal_grid, config.sx, config.sy)))
     return patched, {"tome": [info]}
 
 
@@ -127,7 +147,8 @@ class ToMe:
     NODE_ID = "TomeCoreToMe"
     DISPLAY_NAME = "ToMe (token merging)"
     DESCRIPTION = ("Token Merging: speeds up SD1.x/SD2.x/SDXL sampling by merging similar image tokens in "
-                   "self-attention; put it between the model loader and the sampler.")
+                   "self-attention, and Flux/SD3/Wan by keeping fewer image keys/values (mode kv); put it "
+                   "between the model loader and the sampler.")
     CATEGORY = CATEGORY
     RETURN_TYPES = ("MODEL",)
     OUTPUT_TOOLTIPS = ("A copy of the model with ToMe applied.",)

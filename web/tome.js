@@ -44,6 +44,17 @@ export function findLatentSize(node, graph) {
   return null;
 }
 
+// A DiT (Flux, SD3, Wan) has no UNet levels: the last run's kv window on its image/video tokens.
+export function ditLines(lastRun) {
+  const window = lastRun.kv_window ?? [];
+  const kept = window.reduce((a, b) => a * b, 1);
+  return [
+    `${lastRun.model_type} (${lastRun.family}): mode kv on image tokens`,
+    kept > 1 ? `keys/values: 1 of ${kept} per ${window.join("x")} window; every query and text token kept`
+             : "ratio too low for a window: nothing reduced",
+  ];
+}
+
 export function infoLines(node, graph) {
   const settings = {};
   for (const name of SETTINGS) {
@@ -51,6 +62,7 @@ export function infoLines(node, graph) {
     if (value !== undefined) settings[name] = value;
   }
   const lastRun = node.tomeLastRun;
+  if (lastRun?.family) return ditLines(lastRun);
   const base = lastRun?.base_downsample ?? 1;
   const size = findLatentSize(node, graph);
   const width = size?.width ?? 512;
@@ -72,6 +84,10 @@ export const extension = {
       const info = message?.tome?.[0];
       if (info && typeof info === "object") {
         this.tomeLastRun = { base_downsample: Number(info.base_downsample) || 1, model_type: String(info.model_type) };
+        if (info.family) {
+          this.tomeLastRun.family = String(info.family);
+          this.tomeLastRun.kv_window = Array.isArray(info.kv_window) ? info.kv_window.map(Number) : [];
+        }
       }
       this.setDirtyCanvas?.(true, false);
     };

@@ -21,13 +21,24 @@ import comfy_env  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tome_package():
-    """The repository root imported as a package, the way ComfyUI's load_custom_node does it."""
+    """The repository root imported as a package, the way ComfyUI's load_custom_node does it, as a
+    ComfyUI without the V3 API sees it (V1 mappings): in-process tests may have put a ComfyUI with
+    ``comfy_api`` on sys.path before this runs; the server tests check the V3 export for real."""
     name = "tome_custom_node_under_test"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, comfy_env.REPO / "__init__.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
+        hidden = {key: sys.modules.get(key) for key in ("comfy_api", "comfy_api.latest")}
+        sys.modules.update(dict.fromkeys(hidden))  # None: "import comfy_api.latest" raises ImportError
+        try:
+            spec = importlib.util.spec_from_file_location(name, comfy_env.REPO / "__init__.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        finally:
+            for key, value in hidden.items():
+                if value is None:
+                    sys.modules.pop(key, None)
+                else:
+                    sys.modules[key] = value
     return sys.modules[name]
 
 

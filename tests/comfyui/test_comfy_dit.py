@@ -7,6 +7,10 @@ Run with the interpreter of an environment that has ComfyUI >= 0.3.6x (.venv-com
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
+
 import pytest
 import torch
 
@@ -153,3 +157,63 @@ def test_refuses_pixart_and_merge_naming_the_model(comfy):
     with pytest.raises(TypeError, match="PixArtMS is not a DiT that ToMe's kv mode can reach"):
         patch_dit_model_patcher(pixart, ToMeConfig(ratio=0.5, mode="kv"))
     assert not patcher.wrappers.get("apply_model") and not pixart.wrappers.get("apply_model")
+
+
+@pytest.fixture(scope="module")
+def tome_package():
+    """The repository root imported as a package under its own name: imported here, after comfy, it
+    exports the V3 entry point only, which must not change what the session's other tests import."""
+    name = "tome_custom_node_dit_test"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, comfy_env.REPO / "__init__.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _node_classes(tome_package):
+    return importlib.import_module(f"{tome_package.__name__}.nodes.tome_nodes")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_basic_node_patches_a_dit_in_kv_and_matches_the_engine(comfy, tome_package, family):
+    """The same node id that speeds up UNets takes Flux/SD3/Wan: kv (the basic node has no mode input),
+    the image equals patch_dit_model_patcher's at the same settings, the input MODEL is unchanged."""
+    tome_nodes = _node_classes(tome_package)
+    patcher, latent, cond, _ = FAMILIES[family](comfy)
+    expected = sample(comfy, patcher, latent, cond)
+    result = tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)
+    patched, info = result["result"][0], result["ui"]["tome"][0]
+    assert info["family"] == family and info["mode"] == "kv" and info["kv_window"]
+    engine = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv"))
+    image = sample(comfy, patched, latent, cond)
+    assert torch.equal(image, sample(comfy, engine, latent, cond))
+    assert not torch.equal(image, expected)
+    assert torch.equal(sample(comfy, patcher, latent, cond), expected)
+
+
+def test_the_advanced_node_refuses_merge_and_avg_on_a_dit_naming_the_fix(comfy, tome_package):
+    tome_nodes = _node_classes(tome_package)
+    patcher, latent, cond, _ = flux(comfy)
+    values = dict(ratio=0.5, max_downsample=1, sx=2, sy=2, use_rand=True, tome_seed=0, mode="merge",
+                  merge_crossattn=False, start_percent=0.0, end_percent=1.0, min_tokens=0)
+    with pytest.raises(ValueError, match="Flux is a transformer-only model.*use mode='kv'"):
+        tome_nodes.ToMeAdvanced().patch(patcher, **values)
+    with pytest.raises(ValueError, match="kv_downsample='avg' is not supported on Flux.*'nearest'"):
+        tome_nodes.ToMeAdvanced().patch(patcher, **dict(values, mode="kv"), kv_downsample="avg")
+    assert not patcher.wrappers.get("apply_model")
+    result = tome_nodes.ToMeAdvanced().patch(patcher, **dict(values, mode="kv", end_percent=0.5, tome_seed=7))
+    assert torch.isfinite(sample(comfy, result["result"][0], latent, cond)).all()
+
+
+def test_the_v3_node_gives_the_v1_image_on_a_dit(comfy, tome_package):
+    pytest.importorskip("comfy_api.latest")
+    tome_nodes = _node_classes(tome_package)
+    tome_v3 = importlib.import_module(f"{tome_package.__name__}.nodes.tome_v3")
+
+    patcher, latent, cond, _ = wan(comfy)
+    v1 = tome_nodes.ToMe().patch(patcher, ratio=0.6, max_downsample=1)["result"][0]
+    v3 = next(node for node in tome_v3.V3_NODES if node.__name__ == "ToMeV3")
+    output = v3.execute(model=patcher, ratio=0.6, max_downsample=1)
+    assert torch.equal(sample(comfy, output.result[0], latent, cond), sample(comfy, v1, latent, cond))

@@ -29,8 +29,8 @@ METRICS = {
                     "time, so the fastest runs are the least disturbed",
     "speedup_vs_eager": "compiled rows: median eager vanilla time / median compiled time",
     "compile_s": "compiled rows: seconds of the first compiled call (compilation included)",
-    "recompiles": "compiled rows: graphs compiled during the timed calls after the first "
-                  "(0 = no recompilation)",
+    "recompiles": "compiled rows: graphs compiled during the timed calls, after the first "
+                  "call and one warm-up call (0 = no recompilation)",
     "compile_error": "compiled rows: why torch.compile failed for this variant",
     "attention": "SDPA kernel the variant's attention dispatched to (from torch.profiler op "
                  "names): flash, flash-cpu, mem-efficient, cudnn, math; 'no SDPA' = explicit "

@@ -83,3 +83,17 @@ test("without a sampler downstream a 512x512 latent is assumed", async () => {
   assert.match(lines[0], /512x512 \(no latent found, assumed\)/);
   assert.equal(lines[1], "1x 64x64: 4096 queries, keys/values 4096 -> 1024 (-75%)");
 });
+
+test("after a DiT run the node shows the kv window instead of UNet levels", async () => {
+  const { module } = await loadExtension();
+  class NodeType {}
+  await module.extension.beforeRegisterNodeDef(NodeType, { name: "TomeCoreToMe" });
+  const node = Object.assign(new NodeType(), { id: 5, widgets: [{ name: "ratio", value: 0.75 }], outputs: [] });
+  node.onExecuted({ tome: [{ base_downsample: 1, model_type: "Flux", family: "flux", kv_window: [2, 2] }] });
+  const lines = module.infoLines(node, { links: {}, getNodeById: () => undefined });
+  assert.deepEqual(lines, ["Flux (flux): mode kv on image tokens",
+    "keys/values: 1 of 4 per 2x2 window; every query and text token kept"]);
+  node.onExecuted({ tome: [{ base_downsample: 1, model_type: "WAN21", family: "wan", kv_window: [1, 1] }] });
+  assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[1],
+    "ratio too low for a window: nothing reduced");
+});
