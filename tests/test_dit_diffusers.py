@@ -224,3 +224,26 @@ def test_flux_reference_tokens_are_left_alone():
     apply_patch(model, ratio=0.5, mode="kv")
     assert torch.equal(run(model, inputs), expected)
     assert model.__dict__[STATE_ATTR].reduced_calls == 0
+
+
+def test_a_non_sdpa_attention_backend_is_refused_not_silently_ignored():
+    """kv reaches attention through torch's scaled_dot_product_attention: a diffusers backend that does
+    not end there (flash-attn, sage, xformers, flex) is refused at apply_patch when set on the model,
+    and stops the call with the fix when set globally (diffusers' attention_backend context)."""
+    from diffusers.models.attention_dispatch import attention_backend
+
+    model, inputs, _ = flux()
+    name, attention = next((n, m) for n, m in model.named_modules()
+                           if hasattr(getattr(m, "processor", None), "_attention_backend"))
+    attention.processor._attention_backend = "flex"  # what model.set_attention_backend("flex") stores
+    with pytest.raises(ValueError, match=f"attention {name} uses the diffusers attention backend 'flex'.*"
+                                         "set_attention_backend\\('native'\\)"):
+        apply_patch(model, ratio=0.5, mode="kv")
+    assert not is_patched(model)
+    attention.processor._attention_backend = "_native_math"  # ends in SDPA: accepted
+    apply_patch(model, ratio=0.5, mode="kv")
+    run(model, inputs)
+    attention.processor._attention_backend = None
+    with attention_backend("flex"), pytest.raises(RuntimeError, match="without torch's scaled_dot_product_attention"):
+        run(model, inputs)
+    remove_patch(model)

@@ -51,12 +51,14 @@ class _KVMode(TorchFunctionMode):
     def __init__(self, state: "DiTState", layout: TokenLayout, keep: torch.Tensor, where: str) -> None:
         super().__init__()
         self.state, self.layout, self.keep, self.where = state, layout, keep, where
+        self.sdpa_calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             bound = dict(zip(_SDPA_ARGS, args), **kwargs)
             self.state.sdpa_calls += 1
+            self.sdpa_calls += 1
             key, value, mask = bound["key"], bound["value"], bound.get("attn_mask")
             if key.shape[-2] == self.layout.length and value.shape[-2] == self.layout.length \
                     and not bound.get("is_causal", False):
@@ -156,7 +158,28 @@ def _leave(state: DiTState):
         mode = state.modes.pop(id(module), None)
         if mode is not None:
             mode.__exit__(None, None, None)
+            if mode.sdpa_calls == 0:  # e.g. a global diffusers attention backend (flash-attn, sage, xformers)
+                raise RuntimeError(
+                    f"ToMe: {mode.where} computed attention without torch's scaled_dot_product_attention, so "
+                    "mode 'kv' could not reduce it (a non-native diffusers attention backend?); use the native "
+                    "backend (model.set_attention_backend('native')) or remove_patch().")
     return hook
+
+
+# diffusers attention backends that end in torch.nn.functional.scaled_dot_product_attention
+_SDPA_BACKENDS = {None, "native", "_native_flash", "_native_efficient", "_native_cudnn", "_native_math"}
+
+
+def _check_backends(model: torch.nn.Module, modules: List[Tuple[str, torch.nn.Module, str]]) -> None:
+    for name, module, _ in modules:
+        backend = getattr(getattr(module, "processor", None), "_attention_backend", None)
+        backend = getattr(backend, "value", backend)  # AttentionBackendName is a str enum
+        if backend not in _SDPA_BACKENDS:
+            raise ValueError(
+                f"ToMe: {type(model).__name__}'s attention {name} uses the diffusers attention backend "
+                f"{backend!r}; mode 'kv' reaches only backends that call torch's scaled_dot_product_attention "
+                "(native, _native_flash, _native_efficient, _native_cudnn, _native_math): call "
+                "model.set_attention_backend('native') (or reset_attention_backend()) before apply_patch.")
 
 
 def attention_names(model: torch.nn.Module) -> List[str]:
@@ -178,6 +201,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[st
         if unknown:
             raise ValueError(f"ToMe: {type(model).__name__} has no attention {unknown[:3]}; see attention_names().")
         modules = [entry for entry in modules if entry[0] in set(blocks)]
+    _check_backends(model, modules)
     state = DiTState(model, config, modules)
     state.handles.append(model.register_forward_pre_hook(_on_model_call, with_kwargs=True))
     for name, module, kind in modules:
