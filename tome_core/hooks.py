@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -33,6 +33,23 @@ class PatchState:
     latent_hw: Optional[Tuple[int, int]] = None
     step_key: float = 0.0
     progress: Optional[float] = None
+    active: bool = True  # this model call is inside the step schedule
+    tables: Dict[Tuple[int, int], Any] = field(default_factory=dict)  # this call's per-level choices
+
+    def plan_for(self, hidden: torch.Tensor) -> TokenPlan:
+        """The plan of a block whose input is ``hidden``, in the current model call.
+
+        Reads only shapes, a bool and ``tables`` (built by the UNet's pre-hook), never the step's
+        float: under torch.compile that would be a constant guarded on, recompiled every step.
+        """
+        if self.latent_hw is None or not self.active:  # outside the UNet's forward, or off this step
+            return IDENTITY_PLAN
+        grid = self.merger.grid(hidden, self.latent_hw)
+        if grid is None:
+            return IDENTITY_PLAN
+        if grid in self.tables:
+            return self.merger.plan_with(hidden, grid, self.tables[grid])
+        return self.merger.plan_at(hidden, grid, self.step_key)  # a grid no level formula predicted
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -50,6 +67,13 @@ def step_of(timestep: Any) -> Tuple[float, Optional[float]]:
         timestep = timestep.reshape(-1)[0].item()
     key = float(timestep)
     return key, min(max(1.0 - key / _TRAIN_TIMESTEPS, 0.0), 1.0)
+
+
+def _not_compiled(fn):
+    """Run ``fn`` eagerly under torch.compile: the once-per-model-call host work (the step read, the
+    seeded generator) becomes one graph break before the UNet's compute instead of several inside it."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(fn) if disable is not None else fn
 
 
 def _first_input(args: tuple, kwargs: dict) -> Tuple[Optional[str], torch.Tensor]:
@@ -79,14 +103,11 @@ def _hook_block(block: torch.nn.Module, state: PatchState) -> None:
     current: List[TokenPlan] = [IDENTITY_PLAN]  # the plan of this block's running forward
 
     def make_plan(module, args, kwargs):
-        if state.latent_hw is None:  # called outside the UNet's forward: nothing to go by
-            current[0] = IDENTITY_PLAN
-            return None
         if config.merge_mlp and getattr(module, "_chunk_size", None):
             raise RuntimeError("ToMe: merge_mlp cannot be combined with diffusers' feed-forward chunking; "
                                "call unet.disable_forward_chunking() or use merge_mlp=False.")
         _, hidden = _first_input(args, kwargs)
-        current[0] = state.merger.plan(hidden, state.latent_hw, state.step_key, state.progress)
+        current[0] = state.plan_for(hidden)
         return None
 
     def merge_input(module, args, kwargs):
@@ -100,11 +121,17 @@ def _hook_block(block: torch.nn.Module, state: PatchState) -> None:
         plan = current[0]
         return plan.unmerge(output) if plan.active else None
 
-    state.handles.append(block.register_forward_pre_hook(make_plan, with_kwargs=True))
     if config.mode == "kv":
         if config.merge_attn:
-            _hook_kv(block.attn1, current, state)
+            _hook_kv(block.attn1, state)
         return
+    def forget_plan(module, args, output):
+        # The plan holds this call's tensors; dropping it after the block also leaves torch.compile
+        # nothing made inside the graph to write back into ``current`` (a graph break otherwise).
+        current[0] = IDENTITY_PLAN
+
+    state.handles.append(block.register_forward_pre_hook(make_plan, with_kwargs=True))
+    state.handles.append(block.register_forward_hook(forget_plan, always_call=True))
     for enabled, name in ((config.merge_attn, "attn1"), (config.merge_crossattn, "attn2"), (config.merge_mlp, "ff")):
         module = getattr(block, name, None)
         if enabled and module is not None:
@@ -112,16 +139,20 @@ def _hook_block(block: torch.nn.Module, state: PatchState) -> None:
             state.handles.append(module.register_forward_hook(unmerge_output))
 
 
-def _hook_kv(attention: torch.nn.Module, current: List[TokenPlan], state: PatchState) -> None:
+def _hook_kv(attention: torch.nn.Module, state: PatchState) -> None:
+    """kv needs no metric, so attn1's own pre-hook makes and uses the plan: nothing is carried
+    between hooks, which keeps the block traceable by torch.compile (no state to reconstruct)."""
     context_name = _context_argument(attention)
 
     def pool_keys_values(module, args, kwargs):
-        plan = current[0]
         # Only plain self-attention: attn1 that already attends to a context (diffusers'
         # only_cross_attention, LDM's disable_self_attn) is left alone.
-        if not plan.active or kwargs.get(context_name) is not None or (len(args) > 1 and args[1] is not None):
+        if kwargs.get(context_name) is not None or (len(args) > 1 and args[1] is not None):
             return None
         _, hidden = _first_input(args, kwargs)
+        plan = state.plan_for(hidden)
+        if not plan.active:
+            return None
         kwargs[context_name] = plan.reduce_kv(hidden)
         return args[:1], kwargs
 
@@ -133,6 +164,7 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
     state = PatchState(config=config, merger=TokenMerger(config, attention_base_downsample(unet)))
     blocks = transformer_blocks(unet)
 
+    @_not_compiled
     def record_step(module, args, kwargs):
         sample = args[0] if args else kwargs.get("sample", kwargs.get("x"))
         timestep = args[1] if len(args) > 1 else next(
@@ -141,6 +173,8 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
         # step_of reads the timestep (one host sync per UNet call): only when the plans depend on it.
         if state.merger.needs_step() or state.config.start_percent > 0 or state.config.end_percent < 1:
             state.step_key, state.progress = step_of(timestep)
+        state.active = state.config.in_schedule(state.progress)
+        state.tables = state.merger.step_tables(state.latent_hw, state.step_key, sample.device) if state.active else {}
         return None
 
     state.handles.append(unet.register_forward_pre_hook(record_step, with_kwargs=True))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -134,18 +135,26 @@ def bipartite_soft_matching(metric: torch.Tensor, partition: Partition, r: int) 
         counts = counts.scatter_add_(0, flat_slot, torch.ones_like(flat_slot)).unsqueeze(-1)
         scatter_index = flat_slot.unsqueeze(-1)
 
-    def merge(x: torch.Tensor) -> torch.Tensor:
-        # scatter_add_ rather than index_add_: the latter is an order of magnitude slower on CPU.
-        channels = x.shape[-1]
-        out = torch.zeros(batch * num_out, channels, dtype=x.dtype, device=x.device)
-        out.scatter_add_(0, scatter_index.expand(-1, channels), x.reshape(batch * n_tokens, channels))
-        return (out / counts.to(x.dtype)).view(batch, num_out, channels)
+    # partials of module-level functions rather than closures: torch.compile can carry them from
+    # the block's pre-hook to its attention hooks without breaking the graph.
+    return (partial(_merge, scatter_index=scatter_index, counts=counts, shape=(batch, n_tokens, num_out)),
+            partial(_unmerge, flat_slot=flat_slot, shape=(batch, n_tokens, num_out)))
 
-    def unmerge(x: torch.Tensor) -> torch.Tensor:
-        channels = x.shape[-1]
-        return x.reshape(batch * num_out, channels).index_select(0, flat_slot).view(batch, n_tokens, channels)
 
-    return merge, unmerge
+def _merge(x: torch.Tensor, scatter_index: torch.Tensor, counts: torch.Tensor,
+           shape: Tuple[int, int, int]) -> torch.Tensor:
+    batch, n_tokens, num_out = shape
+    # scatter_add_ rather than index_add_: the latter is an order of magnitude slower on CPU.
+    channels = x.shape[-1]
+    out = torch.zeros(batch * num_out, channels, dtype=x.dtype, device=x.device)
+    out.scatter_add_(0, scatter_index.expand(-1, channels), x.reshape(batch * n_tokens, channels))
+    return (out / counts.to(x.dtype)).view(batch, num_out, channels)
+
+
+def _unmerge(x: torch.Tensor, flat_slot: torch.Tensor, shape: Tuple[int, int, int]) -> torch.Tensor:
+    batch, n_tokens, num_out = shape
+    channels = x.shape[-1]
+    return x.reshape(batch * num_out, channels).index_select(0, flat_slot).view(batch, n_tokens, channels)
 
 
 def kv_pool_window(ratio: float, sx: int, sy: int) -> Tuple[int, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -102,17 +103,44 @@ class TokenMerger:
 
     def plan_at(self, hidden: torch.Tensor, grid: Tuple[int, int], step_key: float = 0.0) -> TokenPlan:
         """The plan of a block whose level ``grid`` (from ``grid``) ToMe acts on, at ``step_key``."""
+        return self.plan_with(hidden, grid, self.table(grid, step_key, hidden.device))
+
+    def table(self, grid: Tuple[int, int], step_key: float, device: torch.device) -> Any:
+        """The per-step choice of one level: its partition (merge), kept indices (kv nearest) or None (kv avg)."""
+        h, w = grid
+        if self.config.mode != "kv":
+            return self._partition(h, w, step_key, device)
+        return None if self.config.kv_downsample == "avg" else self._kv_index(h, w, step_key, device)
+
+    def step_tables(self, latent_hw: Tuple[int, int], step_key: float,
+                    device: torch.device) -> Dict[Tuple[int, int], Any]:
+        """``table`` of every level grid ToMe may act on for this latent, built once per model call.
+
+        A host calls this where it reads the step (outside any compiled region) and the blocks
+        then only look their grid up: the step's float and the seeded generator never reach
+        traced code, so torch.compile neither breaks the graph there nor recompiles per step.
+        """
+        config, (height, width) = self.config, latent_hw
+        tables: Dict[Tuple[int, int], Any] = {}
+        downsample = 1
+        while downsample <= config.max_downsample * self.base_downsample:
+            for rounding in (math.ceil, math.floor):
+                grid = (rounding(height / downsample), rounding(width / downsample))
+                if min(grid) >= 1 and grid not in tables and grid[0] * grid[1] >= config.min_tokens:
+                    tables[grid] = self.table(grid, step_key, device)
+            downsample *= 2
+        return tables
+
+    def plan_with(self, hidden: torch.Tensor, grid: Tuple[int, int], table: Any) -> TokenPlan:
+        """The plan of a block on level ``grid`` from that level's ``table`` (see ``table``)."""
         config = self.config
         h, w = grid
         if config.mode == "kv":
-            window = self._kv_window
-            if config.kv_downsample == "avg":
+            if table is None:
+                window = self._kv_window
                 return TokenPlan(active=True, reduce_kv=lambda x: pool_tokens(x, h, w, window))
-            index = self._kv_index(h, w, step_key, hidden.device)
-            return TokenPlan(active=True, reduce_kv=lambda x: x.index_select(1, index))
-        merge, unmerge = bipartite_soft_matching(
-            hidden, self._partition(h, w, step_key, hidden.device), int(hidden.shape[1] * config.ratio)
-        )
+            return TokenPlan(active=True, reduce_kv=lambda x: x.index_select(1, table))
+        merge, unmerge = bipartite_soft_matching(hidden, table, int(hidden.shape[1] * config.ratio))
         return TokenPlan(active=merge is not do_nothing, merge=merge, unmerge=unmerge)
 
     def _kv_index(self, h: int, w: int, step_key: float, device: torch.device) -> torch.Tensor:

@@ -259,8 +259,7 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig)
             warnings.filterwarnings("ignore", message=".*functools.lru_cache.*")
             compiled = torch.compile(unet)
             first_s, out = measure.timed(lambda: measure.forward(compiled, inputs), device)
-            # The second call compiles the branches that find the first call's per-step state (the
-            # plan cache); from then on no graph is added (tests: a 12-step loop, both modes).
+            # A warm-up call: no graph is expected from it or later (tests: a 12-step loop, both modes).
             measure.forward(compiled, inputs)
             before = graphs["unique_graphs"]
             times = [measure.timed(lambda: measure.forward(compiled, inputs), device)[0]
