@@ -10,7 +10,6 @@ attention function itself. Installing per call is what lets it survive an overri
 """
 from __future__ import annotations
 
-import logging
 import math
 import sys
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -18,15 +17,14 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from ..config import ToMeConfig
-from ..plan import partition_seed
 from .diffusers_dit import check_config
 from .grid import TokenLayout
-from .kv import dit_window, keep_index, pick_index_nd
+from .kv import dit_window
+from .state import KVPatchState
 
 OVERRIDE = "optimized_attention_override"
 WRAPPER_KEY = "tome_dit_kv"
 APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
-_LOG = logging.getLogger("tome.dit")
 
 # diffusion_model class -> (family, text position). Flux: [text, image] (comfy/ldm/flux/layers.py,
 # model.py); MMDiT: [context, x] (mmdit.py: _block_mixing); Wan: self-attention on video tokens only.
@@ -71,36 +69,12 @@ def _layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tenso
     return TokenLayout(grid, prefix=context.shape[1] + int(getattr(diffusion_model, "register_length", 0) or 0))
 
 
-class DiTKVPatch:
+class DiTKVPatch(KVPatchState):
     """The state of one patched clone: config, sigma window and the per-step kept indices."""
 
     def __init__(self, config: ToMeConfig, sigma_high: float, sigma_low: float) -> None:
-        self.config = config
+        super().__init__(config)
         self.sigma_high, self.sigma_low = sigma_high, sigma_low
-        self._cache: Dict[Tuple, torch.Tensor] = {}
-        self._warned: set = set()
-        self.reduced_calls = 0
-
-    def warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            _LOG.warning(message)
-
-    def keep_for(self, layout: TokenLayout, sigma: float, device: torch.device) -> torch.Tensor:
-        config = self.config
-        key = (layout, sigma if config.use_rand else None, str(device))
-        keep = self._cache.get(key)
-        if keep is None:
-            grid = layout.grid
-            window = dit_window(config.ratio, grid, config.sx, config.sy)
-            generator = None
-            if config.use_rand:
-                rows = grid[-2] * (grid[0] if len(grid) == 3 else 1)
-                generator = torch.Generator().manual_seed(partition_seed(config.seed, sigma, rows, grid[-1]))
-            if len(self._cache) >= 16:
-                self._cache.clear()
-            keep = self._cache[key] = keep_index(layout, pick_index_nd(grid, window, generator)).to(device)
-        return keep
 
     def override(self, layout: TokenLayout, keep: torch.Tensor, ambiguous: int,
                  previous: Optional[Callable]) -> Callable:

@@ -10,7 +10,6 @@ or copied and no global is touched; removal takes the hooks and the state attrib
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -18,13 +17,12 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..config import ToMeConfig
-from ..plan import partition_seed
 from .families import FAMILIES, TIMESTEP_ARG, find_dit, unsupported_dit
 from .grid import TokenLayout
-from .kv import dit_window, keep_index, pick_index_nd
+from .kv import dit_window
+from .state import KVPatchState
 
 STATE_ATTR = "_tome_dit"
-_LOG = logging.getLogger("tome.dit")
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
@@ -74,43 +72,17 @@ class _KVMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class DiTState:
+class DiTState(KVPatchState):
     """Everything a patch keeps; lives on the transformer as ``_tome_dit`` (never in a global)."""
 
     def __init__(self, model: torch.nn.Module, config: ToMeConfig, modules: List[Tuple[str, torch.nn.Module, str]]):
-        self.config = config
+        super().__init__(config)
         self.family = FAMILIES[type(model).__name__]
         self.modules = modules
         self.handles: List[Any] = []
         self.current: Optional[Dict[str, Tuple[TokenLayout, torch.Tensor]]] = None
         self.modes: Dict[int, _KVMode] = {}
-        self._cache: Dict[Tuple, torch.Tensor] = {}
-        self._warned: set = set()
         self.sdpa_calls = 0
-        self.reduced_calls = 0
-
-    def warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            _LOG.warning(message)
-
-    def keep_for(self, layout: TokenLayout, step_key: float, device: torch.device) -> torch.Tensor:
-        """Kept sequence indices, built once per (layout, step, device) with a generator seeded like UNets'."""
-        config = self.config
-        key = (layout, step_key if config.use_rand else None, str(device))
-        keep = self._cache.get(key)
-        if keep is None:
-            grid = layout.grid
-            window = dit_window(config.ratio, grid, config.sx, config.sy)
-            h, w = grid[-2], grid[-1]
-            generator = None
-            if config.use_rand:
-                seed = partition_seed(config.seed, step_key, h * (grid[0] if len(grid) == 3 else 1), w)
-                generator = torch.Generator().manual_seed(seed)
-            if len(self._cache) >= 16:
-                self._cache.clear()
-            keep = self._cache[key] = keep_index(layout, pick_index_nd(grid, window, generator)).to(device)
-        return keep
 
 
 def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
