@@ -390,3 +390,29 @@ def api_prompt(tome: Optional[dict] = None, *, seed: int = 42, steps: int = 2, s
     prompt["6"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["1", 2]}}
     prompt["7"] = {"class_type": "SaveImage", "inputs": {"images": ["6", 0], "filename_prefix": prefix}}
     return prompt
+
+
+ADVANCED_DEFAULTS = {"ratio": 0.5, "max_downsample": 1, "sx": 2, "sy": 2, "use_rand": True, "tome_seed": 0,
+                     "mode": "merge", "merge_crossattn": False, "start_percent": 0.0, "end_percent": 1.0,
+                     "min_tokens": 0}
+
+
+def advanced(**changes) -> dict:
+    """An API-format "ToMe (advanced)" node with its defaults and ``changes``."""
+    return {"class_type": "TomeCoreToMeAdvanced", "inputs": dict(ADVANCED_DEFAULTS, **changes)}
+
+
+def pixels(path):
+    """The image file as an int16 RGB array (differences do not wrap around)."""
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(path).convert("RGB"), dtype=np.int16)
+
+
+def run_image(server, prompt):
+    """Run ``prompt`` on ``server`` and return its one image's pixels."""
+    result = server.run(prompt)
+    assert result.success, result.error_message()
+    assert len(result.images) == 1, result.images
+    return pixels(result.images[0])

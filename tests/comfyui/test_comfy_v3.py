@@ -8,39 +8,20 @@ from __future__ import annotations
 
 import json
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 import comfy_env
-from comfy_env import PromptInvalid, api_prompt
+from comfy_env import PromptInvalid, advanced, api_prompt, run_image
 
 EXAMPLES = comfy_env.REPO / "example_workflows" / "api"
-ADVANCED_DEFAULTS = {"ratio": 0.5, "max_downsample": 1, "sx": 2, "sy": 2, "use_rand": True, "tome_seed": 0,
-                     "mode": "merge", "merge_crossattn": False, "start_percent": 0.0, "end_percent": 1.0,
-                     "min_tokens": 0}
 RULES = "the inputs the advanced node's validation function declares (nodes/tome_nodes.py RULE_INPUTS)"
 
 
 def host_has_v3() -> bool:
     return (comfy_env.find_comfyui() / "comfy_api" / "latest" / "__init__.py").is_file()
 
-
-def advanced(**changes) -> dict:
-    return {"class_type": "TomeCoreToMeAdvanced", "inputs": dict(ADVANCED_DEFAULTS, **changes)}
-
-
-def pixels(path) -> np.ndarray:
-    return np.asarray(Image.open(path).convert("RGB"), dtype=np.int16)
-
-
-def run_image(server, prompt) -> np.ndarray:
-    result = server.run(prompt)
-    assert result.success, result.error_message()
-    assert len(result.images) == 1, result.images
-    return pixels(result.images[0])
 
 
 def small(prompt: dict, prefix: str) -> dict:

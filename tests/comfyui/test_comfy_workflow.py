@@ -7,30 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from PIL import Image
 
 import comfy_env
-from comfy_env import PromptInvalid, api_prompt
+from comfy_env import ADVANCED_DEFAULTS, PromptInvalid, advanced, api_prompt, pixels, run_image
 
 BASIC = {"class_type": "TomeCoreToMe", "inputs": {"ratio": 0.5, "max_downsample": 1}}
-ADVANCED_DEFAULTS = {"ratio": 0.5, "max_downsample": 1, "sx": 2, "sy": 2, "use_rand": True, "tome_seed": 0,
-                     "mode": "merge", "merge_crossattn": False, "start_percent": 0.0, "end_percent": 1.0,
-                     "min_tokens": 0}
 
-
-def advanced(**changes) -> dict:
-    return {"class_type": "TomeCoreToMeAdvanced", "inputs": dict(ADVANCED_DEFAULTS, **changes)}
-
-
-def pixels(path) -> np.ndarray:
-    return np.asarray(Image.open(path).convert("RGB"), dtype=np.int16)
-
-
-def run_image(comfy, prompt) -> np.ndarray:
-    result = comfy.run(prompt)
-    assert result.success, result.error_message()
-    assert len(result.images) == 1, result.images
-    return pixels(result.images[0])
 
 
 @pytest.fixture(scope="module")
