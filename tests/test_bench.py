@@ -98,7 +98,7 @@ def test_entry_points(capsys):
     text = capsys.readouterr().out
     assert exit_.value.code == 0
     assert all(flag in text for flag in ("--tiny", "--full", "--compile", "--gpu-suite"))
-    assert console_main(["--families", "sd3"]) == 2
+    assert console_main(["--families", "sd4"]) == 2
     assert "families: unknown" in capsys.readouterr().err
 
 
@@ -500,3 +500,143 @@ def test_compiled_patched_unet_over_a_sampling_loop(mode):
     assert max(errors) < 1e-4, errors
     assert counts == [1] * len(counts), counts  # one graph, compiled once
     assert not torch._dynamo.utils.counters["graph_break"]
+
+
+# --- DiT families (flux, sd3, wan): vanilla vs mode kv ---------------------------------------------
+
+def test_dit_families_and_options_parse():
+    from tome_core.bench.cli import _configs, build_parser
+
+    def config(*argv):
+        (cfg,) = _configs(build_parser().parse_args(list(argv)))
+        return cfg
+
+    cfg = config("--families", "flux,sd3,wan")
+    assert cfg.dit and cfg.methods == ("vanilla", "kv") and set(cfg.skipped) == {"merge", "tomesd"}
+    assert [cfg.sizes_for(f) for f in cfg.families] == [((1024, 1024),), ((1024, 1024),), ((832, 480),)]
+    assert [cfg.batch_for(f) for f in cfg.families] == [1, 2, 2]  # Flux is guidance-distilled
+    assert (cfg.blocks, cfg.frames, cfg.scale, cfg.ratios) == (2, 33, "full", (0.5,))
+    cfg = config("--families", "wan", "--frames", "81", "--blocks", "1", "--res", "832x480,480",
+                 "--batch", "1", "--ratios", "0.5,0.75", "--methods", "vanilla,kv")
+    assert (cfg.frames, cfg.blocks, cfg.batch_for("wan"), cfg.ratios) == (81, 1, 1, (0.5, 0.75))
+    assert cfg.sizes_for("wan") == ((832, 480), (480, 480)) and not cfg.skipped
+    assert [v.label for v in cfg.resolve()] == ["vanilla", "kv r=0.5", "kv r=0.75"]
+    tiny = config("--tiny", "--families", "flux")
+    assert (tiny.scale, tiny.resolutions, tiny.blocks) == ("tiny", ((64, 64),), 1)
+    unet = config()  # UNet runs are unchanged
+    assert not unet.dit and unet.batch == 2 and unet.methods == methods.DEFAULT_METHODS
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--families", "sd15,flux"], "sd15 (UNet) and flux (DiT) need separate runs"),
+    (["--families", "flux", "--methods", "vanilla,merge,tomesd"],
+     "methods: merge, tomesd not available for DiT families (flux)"),
+    (["--families", "sd3", "--frames", "33"], "--frames is for the video family wan, not sd3"),
+    (["--families", "sdxl", "--blocks", "1"], "--blocks is for DiT families"),
+    (["--families", "wan", "--frames", "32"], "frames must be 4k + 1"),
+    (["--families", "flux", "--res", "1000"], "DiT sizes must be multiples of 16 px"),
+    (["--families", "flux", "--compile"], "--compile is for UNet families only"),
+])
+def test_dit_bad_combinations_are_one_line_and_exit_2(args, message):
+    proc = subprocess.run([sys.executable, "-m", "tome_core", "bench", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_dit_full_configs_and_token_counts():
+    """The released widths (no model built: a full-width block is too slow for a test) and the tokens
+    the issue's sizes give: Flux 1024/2048 -> 4096/16384 + 512, Wan 832x480x33f -> 14040 + 512."""
+    from tome_core.bench.dit_models import dit_config, token_counts
+
+    assert dit_config("flux", 1)[1]["num_attention_heads"] * dit_config("flux", 1)[1]["attention_head_dim"] == 3072
+    assert (dit_config("flux", 3)[1]["num_layers"], dit_config("flux", 3)[1]["num_single_layers"]) == (3, 6)
+    assert dit_config("sd3", 2)[1]["num_attention_heads"] * dit_config("sd3", 2)[1]["attention_head_dim"] == 1536
+    assert dit_config("wan", 2)[1]["ffn_dim"] == 8960
+    assert token_counts("flux", 1024, 1024) == (4096, 512)
+    assert token_counts("flux", 2048, 2048) == (16384, 512)
+    assert token_counts("sd3", 1024, 1024) == (4096, 333)
+    assert token_counts("wan", 480, 832, frames=33) == (9 * 30 * 52, 512)
+
+
+def _logit_spread(model, inputs):
+    """Std of the attention logits of the first self/joint attention call (all keys, 64 queries)."""
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    from tome_core.bench.dit_models import forward
+
+    class Spy(TorchFunctionMode):
+        std = None
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is F.scaled_dot_product_attention and self.std is None:
+                bound = dict(zip(("query", "key"), args), **kwargs)
+                q, k = bound["query"].float(), bound["key"].float()
+                self.std = (q[..., :64, :] @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).std().item()
+            return func(*args, **kwargs)
+
+    with Spy() as spy:
+        out = forward(model, inputs)
+    return spy.std, out
+
+
+@pytest.mark.parametrize("family", ["flux", "sd3", "wan"])
+def test_dit_peaked_scales_the_qk_norms_and_restores(family):
+    """All three families RMS-normalise q and k after their projections, so scaling the projections
+    would change nothing: peaked scales the q/k norm weights. Unpeaked logits spread as in the UNet
+    bench's seeded UNets (std ~0.33), peaked 3 by 9x; the weights come back bit-identical."""
+    pytest.importorskip("diffusers")
+    from tome_core.bench.dit_models import build_dit, make_dit_inputs, peaked_attention
+
+    model = build_dit(family, 1, seed=0, scale="tiny")
+    inputs = make_dit_inputs(model, family, 2, 128, 128, frames=5, text_tokens=16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    plain, out = _logit_spread(model, inputs)
+    with peaked_attention(model, 3.0):
+        peaked, out_peaked = _logit_spread(model, inputs)
+    assert 0.2 < plain < 0.5 and peaked == pytest.approx(9 * plain, rel=0.05), (plain, peaked)
+    assert not torch.equal(out, out_peaked)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(_logit_spread(model, inputs)[1], out)
+
+
+def test_dit_tiny_run_end_to_end(tmp_path):
+    """The DiT path of the CLI on tiny-width models (the full width takes minutes): rows for vanilla
+    and kv at two ratios, two interleaved rounds, token counts, attention share and its ceiling."""
+    pytest.importorskip("diffusers")
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tome_core", "bench", "--tiny", "--families", "flux,sd3,wan",
+         "--frames", "9", "--ratios", "0.5,0.75", "--repeats", "2", "--no-progress", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "skipped merge:" in proc.stderr and "skipped tomesd:" in proc.stderr
+    header = proc.stdout.splitlines()[0]
+    for name in ("tokens", "blocks", "attn %", "ceiling", "err peaked", "cfg err peaked"):
+        assert name in header and f"{name}: " in proc.stdout, name
+    result = json.loads((out / "results.json").read_text())
+    assert result["complete"] and result["config"]["blocks"] == 1 and result["config"]["frames"] == 9
+    rows = result["rows"]
+    assert [(r["family"], r["label"]) for r in rows] == [
+        (f, m) for f in ("flux", "sd3", "wan") for m in ("vanilla", "kv r=0.5", "kv r=0.75")]
+    tokens = {"flux": (16, 512, 1, "1+2", "distilled"), "sd3": (16, 333, 2, "1", "cfg"),
+              "wan": (3 * 16, 512, 2, "1", "cfg")}  # 9 frames: 3 latent frames of 4x4 patches
+    for r in rows:
+        assert (r["image_tokens"], r["text_tokens"], r["batch"], r["blocks"], r["guided"]) == tokens[r["family"]]
+        assert r["rounds"] == 2 and len(r["times_s"]) == 2 and r["scale"] == "tiny"
+        assert math.isfinite(r["speedup"]) and r["speedup"] > 0 and r["speedup_low"] <= r["speedup_high"]
+        assert 0 < r["attn_share"] < 1 and r["speedup_ceiling"] == pytest.approx(1 / (1 - r["attn_share"]))
+        errors = [r[k] for k in ("rel_err", "cfg_err", "rel_err_peaked", "cfg_err_peaked")]
+        if r["method"] == "vanilla":
+            assert errors == [0.0] * 4 and r["speedup"] == 1.0 and r["vanilla_drift"] == 0.0
+        else:
+            assert all(math.isfinite(e) and e > 0 for e in errors), (r["label"], errors)
+        if r["family"] == "flux":  # guidance-distilled: the guided error is the output's
+            assert r["cfg_err"] == r["rel_err"]
+        if r["family"] == "wan":
+            assert r["frames"] == 9 and r["latent"] == "3x8x8" and "64x64x9f" in proc.stdout
+    md = (out / "results.md").read_text()
+    assert md.count("\n| flux ") == 3 and "- **ceiling**:" in md

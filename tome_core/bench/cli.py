@@ -8,6 +8,14 @@ the paired per-round ratios cannot tell the methods apart. --full: 512 and 768, 
 1 round, seconds). --compile adds torch.compile'd rows. --gpu-suite: the GPU plan of issue 10 in
 one go. Writes results.json (every column defined under "metrics"), results.md and
 speedup_vs_error.png into --out; the printed table ends with a legend of its columns.
+
+DiT families (--families flux, sd3, wan; not mixed with UNet families in one run): vanilla vs
+mode kv (merge and tomesd exist for UNets only), the real architecture at full width with
+--blocks blocks of each kind (full depth does not fit 2 CPU cores; per-block cost and the share
+of time in attention are those of the real model), at their native size unless --res is given
+(Flux, SD3: 1024; Wan: 832x480, --frames 33), batch 1 for Flux (guidance-distilled), else 2 (CFG).
+Rows add the tokens, the attention share of vanilla and its ceiling 1/(1-share) for any kv
+speed-up. Flux 1024 with 2 blocks: about 5 minutes on 2 idle CPU cores.
 """
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ from pathlib import Path
 
 from .device import check_device
 from .methods import DEFAULT_METHODS, DESCRIPTIONS, METHODS
+from .dit_runner import DEFAULT_SIZES, DIT_FAMILIES
 from .models import FAMILIES
 from .runner import ATTENTION_BACKENDS, BenchConfig
 
@@ -60,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     preset = p.add_mutually_exclusive_group()
     preset.add_argument("--tiny", action="store_true",
                         help="CI setting: tiny sd15/sd2/sdxl models, 64 px, 1 repeat, 1 thread "
-                             "(seconds)")
+                             "(seconds); with --families flux,sd3,wan: tiny-width DiTs, 1 block")
     preset.add_argument("--quick", action="store_true",
                         help="shortest real run: full sd15 at 512 px, 1 round (no noise check)")
     preset.add_argument("--full", action="store_true",
@@ -70,19 +79,30 @@ def build_parser() -> argparse.ArgumentParser:
                              "default SDPA, eager and --compile, 3 to 6 rounds; --device cuda "
                              "unless given; --families/--res pick a part (e.g. --families sdxl)")
     p.add_argument("--families", type=_csv(str), default=None,
-                   help=f"comma list of {', '.join(FAMILIES)} (default: {DEFAULTS['families']})")
+                   help=f"comma list of UNet families {', '.join(FAMILIES)} or of DiT families "
+                        f"{', '.join(DIT_FAMILIES)} (one kind per run) (default: {DEFAULTS['families']})")
     p.add_argument("--res", type=_csv(_size), default=None,
-                   help="comma list of image sizes in px, 'W' or 'WxH' (latent = px/8) "
-                        f"(default: {DEFAULTS['res']})")
+                   help="comma list of image sizes in px, 'W' or 'WxH' (latent = px/8; DiTs: then 2x2 "
+                        f"patches, multiples of 16) (default: {DEFAULTS['res']}; DiTs: "
+                        + ", ".join(f"{f} {w}x{h}" for f, (w, h) in DEFAULT_SIZES.items()) + ")")
     p.add_argument("--ratios", type=_csv(float), default=(0.5,),
                    help="comma list of merge ratios (default: 0.5)")
-    p.add_argument("--methods", type=_csv(str), default=DEFAULT_METHODS,
+    p.add_argument("--methods", type=_csv(str), default=None,
                    help=f"comma list from {', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)}; "
-                        f"unavailable ones are skipped); METHOD@RATIO runs that method at that ratio "
-                        f"only, e.g. kv@0.75, and METHOD@RATIO:SXxSY also sets its cell, e.g. kv@0.88:3x3. "
+                        f"unavailable ones are skipped; DiT families: vanilla,kv only); METHOD@RATIO runs "
+                        f"that method at that ratio only, e.g. kv@0.75, and METHOD@RATIO:SXxSY also sets "
+                        f"its cell, e.g. kv@0.88:3x3. "
                         f"{methods}")
-    p.add_argument("--batch", type=int, default=2,
-                   help="batch size; even = [uncond; cond] CFG halves (default: 2)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="batch size; even = [uncond; cond] CFG halves (default: 2; flux: 1, as it "
+                        "is guidance-distilled and its batch is all conditional)")
+    p.add_argument("--blocks", type=int, default=None,
+                   help="DiT families: blocks of each kind, built at full width (Flux: N double + 2N "
+                        "single) (default: 2; --tiny: 1). Full depth (Flux 19+38, SD3.5 medium 24, "
+                        "Wan 1.3B 30) does not fit 2 CPU cores; per-block cost and the share of time "
+                        "in attention are those of the real model")
+    p.add_argument("--frames", type=int, default=None,
+                   help="wan only: video frames, 4k+1 (default: 33, i.e. 9 latent frames)")
     p.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default=None,
                    help="weights and activations (default: bf16; fp16 with --gpu-suite; "
                         "fp16 only on CUDA)")
@@ -99,11 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "patching; compile time, compiled speed-ups vs compiled and eager vanilla")
     p.add_argument("--peaked", type=float, default=3.0,
                    help="also measure errors with self-attention q/k scaled by this factor "
-                        "(peaked attention as in trained models); 1 = off (default: 3.0)")
+                        "(peaked attention as in trained models; DiTs: their q/k RMSNorm weights, "
+                        "which set their logit scale); 1 = off (default: 3.0)")
     p.add_argument("--guidance", type=float, default=7.5,
-                   help="CFG scale for the combined-prediction error (default: 7.5)")
+                   help="CFG scale for the combined-prediction error (default: 7.5; flux is "
+                        "guidance-distilled: its guided error is the output's)")
     p.add_argument("--max-downsample", type=int, default=1,
-                   help="passed to apply_patch of both packages (default: 1)")
+                   help="passed to apply_patch of both packages (default: 1; UNets only)")
     p.add_argument("--no-rand", dest="use_rand", action="store_false",
                    help="use_rand=False in apply_patch (deterministic destination choice)")
     p.add_argument("--seed", type=int, default=0, help="weights, inputs and ToMe seed")
@@ -144,7 +166,18 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
     """The BenchConfig of the command line (``families``/``resolutions``: a --gpu-suite part)."""
     preset = _preset(args)
     families = args.families or families or _csv(str)(preset["families"])
-    resolutions = args.res or resolutions or _csv(_size)(preset["res"])
+    dit = any(f in DIT_FAMILIES for f in families)
+    if dit:  # presets' sizes are UNet sizes: DiTs run at their native size unless told (--tiny: 64 px)
+        resolutions = args.res or resolutions or (_csv(_size)(preset["res"]) if args.tiny else None)
+    else:
+        resolutions = args.res or resolutions or _csv(_size)(preset["res"])
+        if args.blocks is not None:
+            raise UsageError(f"--blocks is for DiT families ({', '.join(DIT_FAMILIES)}), "
+                             f"not {','.join(families)}")
+    if args.frames is not None and "wan" not in families:
+        raise UsageError(f"--frames is for the video family wan, not {','.join(families)} (images)")
+    if args.profile and dit:
+        raise UsageError("--profile is for UNet families only; DiT rows show the attention share instead")
     repeats = preset["repeats"] if args.repeats is None else args.repeats
     max_repeats = preset["max_repeats"] if args.max_repeats is None else args.max_repeats
     max_repeats = max(repeats, max_repeats)
@@ -161,7 +194,9 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
             max_repeats=max_repeats, budget_s=budget, compile=args.compile or args.gpu_suite,
             peaked=args.peaked, guidance=args.guidance, scale="tiny" if args.tiny else "full",
             seed=args.seed, max_downsample=args.max_downsample, use_rand=args.use_rand,
-            device=device, attention=args.attention)
+            device=device, attention=args.attention,
+            blocks=(1 if args.tiny else 2) if args.blocks is None else args.blocks,
+            frames=33 if args.frames is None else args.frames)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

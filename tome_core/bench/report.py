@@ -13,7 +13,7 @@ import torch
 
 # how each reported number is defined; written into the JSON next to the results
 METRICS = {
-    "time_s": "median seconds of one UNet forward over the timed rounds (CPU: wall clock; "
+    "time_s": "median seconds of one model forward (UNet or DiT) over the timed rounds (CPU: wall clock; "
               "CUDA: CUDA events, one synchronisation per forward)",
     "rounds": "timed rounds; each round runs every eager variant once, interleaved in a rotated "
               "order; more rounds run (up to the cap) while the noise bands overlap",
@@ -35,17 +35,30 @@ METRICS = {
     "attention": "SDPA kernel the variant's attention dispatched to (from torch.profiler op "
                  "names): flash, flash-cpu, mem-efficient, cudnn, math; 'no SDPA' = explicit "
                  "bmm + softmax; compiled rows: inductor (its own kernels)",
-    "rel_err": "||y - y_vanilla|| / ||y_vanilla|| of the UNet output (first timed round; "
+    "rel_err": "||y - y_vanilla|| / ||y_vanilla|| of the model output (first timed round; "
                "compiled rows: compiled output against eager vanilla)",
     "cfg_err": "same for the CFG-combined prediction uncond + g * (cond - uncond) "
-               "(batch = [uncond; cond]); null for odd batch",
-    "rel_err_peaked": "rel_err on the same UNet with self-attention q/k scaled by 'peaked' "
-                      "(peaked attention, as in trained models)",
-    "cfg_err_peaked": "cfg_err on the peaked UNet",
+               "(batch = [uncond; cond]); null for odd batch; Flux (guidance-distilled, "
+               "guided = 'distilled'): the output itself, = rel_err",
+    "rel_err_peaked": "rel_err on the same model with self-attention q/k scaled by 'peaked' "
+                      "(peaked attention, as in trained models; DiTs: their q/k RMSNorm weights, "
+                      "which set their logit scale)",
+    "cfg_err_peaked": "cfg_err on the peaked model",
     "peak_mem_mb": "peak tensor memory allocated during one forward above the live set at its "
                    "start (weights and inputs excluded); CPU: torch.profiler memory events, "
                    "CUDA: torch.cuda.max_memory_allocated, reset per measured call",
     "mem_vs_vanilla": "peak_mem_mb / vanilla's peak_mem_mb",
+    "image_tokens": "DiT rows: image (Wan: video) tokens of one sample: latent px / 8, 2x2 patches, "
+                    "Wan: x (1 + (frames - 1) / 4) latent frames",
+    "text_tokens": "DiT rows: text tokens of one sample (Flux, Wan: T5 512; SD3: CLIP 77 + T5 256)",
+    "blocks": "DiT rows: blocks built at full width (Flux: double+single); 'real_blocks' has the "
+              "released model's; per-block cost and attention share are the real model's",
+    "frames": "Wan rows: video frames (latent frames 1 + (frames - 1) / 4)",
+    "attn_share": "DiT rows: share of one vanilla forward's time inside scaled_dot_product_attention "
+                  "(the forward right after the warm-up round), the same on every row of a size",
+    "speedup_ceiling": "DiT rows: 1 / (1 - attn_share), the speed-up if attention took no time: "
+                       "no kv ratio can beat it",
+    "guided": "DiT rows: what cfg_err compares: 'cfg' (CFG pair), 'distilled' (Flux: the output)",
     "vanilla_drift": "vanilla row only: rel. L2 between vanilla outputs before and after every "
                      "other variant was applied and removed (0 = removal restores the model)",
 }
@@ -110,10 +123,13 @@ def _fmt(x, spec: str) -> str:
 
 COLUMNS = [  # header, row key, format, legend
     ("model", "family", "s", "model family (real architecture, seeded random weights)"),
-    ("size", "size", "s", "image size in px (latent = px / 8)"),
+    ("size", "size", "s", "image size in px (latent = px / 8); Wan: x frames"),
+    ("blocks", "blocks", "s", "DiT: blocks built (full width unless --tiny; Flux: double+single; released: "
+     "19+38, SD3.5 medium 24, Wan 1.3B 30)"),
+    ("tokens", "tokens", "s", "DiT: image (video) + text tokens of one sample"),
     ("method", "label", "s", "variant; r = merge ratio"),
     ("run", "run", "s", "eager, or compiled with torch.compile (inductor) after patching"),
-    ("ms", "time_ms", ".0f", "median time of one UNet forward, ms"),
+    ("ms", "time_ms", ".0f", "median time of one model forward, ms"),
     ("x vanilla", "speedup", ".2f",
      "speed-up over vanilla: median of per-round paired t_vanilla/t_method (compiled rows: "
      "over compiled vanilla)"),
@@ -122,20 +138,26 @@ COLUMNS = [  # header, row key, format, legend
     ("x fastest", "speedup_best", ".2f", "fastest vanilla round / fastest round of the method"),
     ("x eager van", "speedup_vs_eager", ".2f", "compiled rows: speed-up over eager vanilla"),
     ("compile s", "compile_s", ".0f", "compiled rows: seconds of the first (compiling) call"),
-    ("err", "rel_err", ".4f", "relative L2 error of the UNet output vs vanilla"),
-    ("cfg err", "cfg_err", ".4f", "same for the CFG-combined prediction (guidance applied)"),
+    ("err", "rel_err", ".4f", "relative L2 error of the model output vs vanilla"),
+    ("cfg err", "cfg_err", ".4f", "same for the CFG-combined prediction (guidance applied; "
+     "Flux, guidance-distilled: the output)"),
     ("err peaked", "rel_err_peaked", ".4f",
      "'err' with self-attention q/k scaled (peaked attention, as in trained models)"),
     ("cfg err peaked", "cfg_err_peaked", ".4f", "'cfg err' with peaked attention"),
     ("peak MB", "peak_mem_mb", ".1f", "peak activation memory of one forward (weights excluded)"),
     ("mem x", "mem_vs_vanilla", ".2f", "peak MB / vanilla's peak MB (< 1 = saves memory)"),
+    ("attn %", "attn_pct", ".0f", "DiT: % of vanilla's forward time in attention (SDPA)"),
+    ("ceiling", "speedup_ceiling", ".2f", "DiT: 1 / (1 - attention share): the most any kv ratio can give"),
     ("attention", "attention", "s",
      "SDPA kernel actually used (flash, flash-cpu, mem-efficient, cudnn, math)"),
 ]
 
 
 def _cells(r: dict) -> dict:
-    return dict(r, size=f"{r['width']}x{r['height']}", run="compiled" if r.get("compiled") else "eager",
+    return dict(r, size=f"{r['width']}x{r['height']}" + (f"x{r['frames']}f" if r.get("frames") else ""),
+                tokens=f"{r['image_tokens']}+{r['text_tokens']}" if r.get("image_tokens") else None,
+                attn_pct=None if r.get("attn_share") is None else 100 * r["attn_share"],
+                run="compiled" if r.get("compiled") else "eager",
                 time_ms=None if r.get("time_s") is None else 1000 * r["time_s"],
                 noise=None if r.get("speedup_low") is None else
                 (r["speedup_high"] - r["speedup_low"]) / 2,

@@ -1,4 +1,7 @@
-"""Run the comparison: for each model family and resolution, every variant, interleaved."""
+"""Run the comparison: for each model family and resolution, every variant, interleaved.
+
+UNet families here; DiT families (Flux, SD3, Wan) go through the same rounds, statistics and rows
+with their own model, inputs and row fields (``dit_runner``)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from . import measure, stats
+from . import dit_runner, measure, stats
 from .methods import DEFAULT_METHODS, METHODS, Variant, availability, patched
 from .models import FAMILIES, build_unet, make_inputs, peaked_attention
 
@@ -36,10 +39,11 @@ class BenchConfig:
     """What to run. Resolutions are (width, height) in pixels; latents are px // 8."""
 
     families: tuple[str, ...] = ("sd15",)
-    resolutions: tuple[tuple[int, int], ...] = ((512, 512), (768, 768))
+    # None: UNets 512 and 768 px; DiTs their native size (dit_runner.DEFAULT_SIZES)
+    resolutions: tuple[tuple[int, int], ...] | None = None
     ratios: tuple[float, ...] = (0.5,)
-    methods: tuple[str, ...] = DEFAULT_METHODS
-    batch: int = 2
+    methods: tuple[str, ...] | None = None  # None: DEFAULT_METHODS (DiTs: vanilla, kv)
+    batch: int | None = None    # None: 2 = [uncond; cond] (Flux, guidance-distilled: 1)
     dtype: str = "bf16"
     repeats: int = 3            # timed rounds at least
     max_repeats: int | None = None  # at most, while rounds disagree (None: = repeats)
@@ -53,17 +57,27 @@ class BenchConfig:
     use_rand: bool = True
     device: str = "cpu"
     attention: str = "default"
+    blocks: int = 2             # DiTs: blocks of each kind (full depth does not fit a CPU)
+    frames: int = 33            # Wan: video frames (4k + 1)
     skipped: dict = field(default_factory=dict)  # method -> reason, filled by ``resolve``
 
     def __post_init__(self) -> None:
+        if self.methods is None:
+            self.methods = dit_runner.DIT_METHODS if self.dit else DEFAULT_METHODS
+            if self.dit:  # say why the UNet methods are missing (printed with the results)
+                self.skipped.update(dit_runner.SKIPPED)
+        if self.resolutions is None and not self.dit:
+            self.resolutions = ((512, 512), (768, 768))
+        if self.batch is None and not self.dit:
+            self.batch = 2
         method_names = tuple(m.split(":")[0].split("@")[0] for m in self.methods)
-        for name, given, allowed in (("families", self.families, FAMILIES),
+        for name, given, allowed in (("families", self.families, FAMILIES + dit_runner.DIT_FAMILIES),
                                      ("methods", method_names, METHODS)):
             bad = [x for x in given if x not in allowed]
             if bad or not given:
                 raise ValueError(f"{name}: unknown or empty {bad or given}; "
                                  f"choose from {', '.join(allowed)}")
-        if self.repeats < 1 or self.batch < 1:
+        if self.repeats < 1 or (self.batch is not None and self.batch < 1):
             raise ValueError(f"repeats and batch must be >= 1, got {self.repeats} and {self.batch}")
         if self.max_repeats is None:
             self.max_repeats = self.repeats
@@ -75,6 +89,18 @@ class BenchConfig:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        dit_runner.check_config(self, method_names)
+
+    @property
+    def dit(self) -> bool:
+        """Whether this run benchmarks DiT families (a run holds only UNets or only DiTs)."""
+        return any(f in dit_runner.DIT_FAMILIES for f in self.families)
+
+    def sizes_for(self, family: str) -> tuple[tuple[int, int], ...]:
+        return self.resolutions or (dit_runner.DEFAULT_SIZES[family],)
+
+    def batch_for(self, family: str) -> int:
+        return self.batch if self.batch is not None else dit_runner.DEFAULT_BATCH.get(family, 2)
 
     def resolve(self) -> list[Variant]:
         """The variants to run (vanilla first); records unavailable methods in ``skipped``."""
@@ -109,7 +135,7 @@ def _round_robin(variants: list[Variant], repeat: int) -> list[Variant]:
 
 def case_inputs(unet, family: str, size: tuple[int, int], cfg: BenchConfig) -> measure.Inputs:
     width, height = size
-    inputs = make_inputs(unet, family, cfg.batch, height, width, cfg.seed, DTYPES[cfg.dtype])
+    inputs = make_inputs(unet, family, cfg.batch_for(family), height, width, cfg.seed, DTYPES[cfg.dtype])
     return measure.Inputs(*inputs).to(torch.device(cfg.device))
 
 
@@ -121,7 +147,7 @@ class Clock:
     def __init__(self, cfg: BenchConfig, n_variants: int, log: Log) -> None:
         self.cfg, self.n_variants, self.log = cfg, n_variants, log
         self.t0 = time.perf_counter()
-        self.cases = [(f, s) for f in cfg.families for s in cfg.resolutions]
+        self.cases = [(f, s) for f in cfg.families for s in cfg.sizes_for(f)]
         self.done = 0           # cases finished
         self.round_s = None     # seconds of one round of the current case (measured)
         self.rounds_left = 0    # minimum rounds still to run in the current case
@@ -201,24 +227,29 @@ class _Measured:
     compiled: dict = field(default_factory=dict)    # variant -> _compile_variant's dict
 
 
-def _measure(unet, inputs: measure.Inputs, variants: list[Variant], cfg: BenchConfig,
-             progress: Progress, clock: Clock) -> _Measured:
+def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: Progress,
+             clock: Clock, forward=None, peaked=None, probe=None) -> _Measured:
+    """forward(model, inputs) -> fp32 output (default ``measure.forward``, a UNet's);
+    peaked(model, factor): context with peaked attention (default ``models.peaked_attention``);
+    probe(fn, device) -> (seconds, output): times the vanilla forward after the warm-up round
+    (default ``measure.timed``; the DiT runner measures its attention share there)."""
     device, options, m = torch.device(cfg.device), cfg.patch_options(), _Measured()
+    forward, peaked = forward or measure.forward, peaked or peaked_attention
 
     def run(v: Variant, how):
         with patched(unet, v, **options):
-            result = how(lambda: measure.forward(unet, inputs), device)
+            result = how(lambda: forward(unet, inputs), device)
         progress(v.label)
         return result
 
     warm = {}
-    with peaked_attention(unet, cfg.peaked):
+    with peaked(unet, cfg.peaked):
         for v in variants:
             w = run(v, measure.warm_up)
             m.mem[v], m.out_peaked[v], m.attention[v], warm[v] = (
                 w.peak_bytes, w.out, w.attention, w.seconds)
         # vanilla again after every patch was applied and removed: must be unchanged
-        warm[variants[0]], again = run(variants[0], measure.timed)  # no first-call cost now
+        warm[variants[0]], again = run(variants[0], probe or measure.timed)  # no first-call cost now
     m.drift = measure.rel_l2(again, m.out_peaked[variants[0]])
     clock.warmed(warm)
     rounds = 0
@@ -279,7 +310,7 @@ def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Meas
     width, height = size
     r = ratios[v]
     row = dict(family=family, scale=cfg.scale, width=width, height=height,
-               latent=f"{height // 8}x{width // 8}", batch=cfg.batch, dtype=cfg.dtype,
+               latent=f"{height // 8}x{width // 8}", batch=cfg.batch_for(family), dtype=cfg.dtype,
                device=cfg.device, method=v.method, ratio=v.ratio, label=v.label, compiled=False,
                attention=m.attention[v],
                time_s=statistics.median(m.times[v]), times_s=m.times[v], rounds=r.n,
@@ -364,26 +395,32 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
 
     variants = cfg.resolve()
     per_case = len(variants) * (1 + cfg.repeats) + 1 + (2 * len(variants) if cfg.compile else 0)
-    n_forwards = len(cfg.families) * len(cfg.resolutions) * per_case
+    n_forwards = sum(len(cfg.sizes_for(f)) for f in cfg.families) * per_case
     # no tqdm ETA: forwards differ in cost; the Clock's estimate (from measured warm-ups) is shown
     bar = tqdm(total=n_forwards, unit="fwd", disable=not progress_bar, dynamic_ncols=True,
                bar_format="{desc}: {n_fmt}/{total_fmt} forwards [{elapsed}] {postfix}")
     log = log or (lambda text: tqdm.write(text, file=sys.stderr))
     clock = Clock(cfg, len(variants), log)
-    log(f"{n_forwards} UNet forwards to run; a time estimate follows the first warm-up round")
+    log(f"{n_forwards} {'DiT' if cfg.dit else 'UNet'} forwards to run; a time estimate follows "
+        "the first warm-up round")
     rows, prof = [], None
     try:
         with attention_backend(cfg.attention):
             for family in cfg.families:
-                bar.set_description(f"{family}: building UNet")
-                unet = build_unet(family, cfg.scale, cfg.seed, DTYPES[cfg.dtype]).to(cfg.device)
-                for size in cfg.resolutions:
+                if cfg.dit:
+                    bar.set_description(f"{family}: building the DiT ({cfg.blocks} blocks)")
+                    unet, case = dit_runner.build(family, cfg), dit_runner.run_case
+                else:
+                    bar.set_description(f"{family}: building UNet")
+                    unet = build_unet(family, cfg.scale, cfg.seed, DTYPES[cfg.dtype]).to(cfg.device)
+                    case = run_case
+                for size in cfg.sizes_for(family):
                     def progress(label: str, _s=size) -> None:
                         bar.set_description(f"{family} {_s[0]}x{_s[1]} {label}")
                         if clock.round_s is not None:
                             bar.set_postfix_str(f"left {clock.text()}", refresh=False)
                         bar.update(1)
-                    rows += run_case(unet, family, size, variants, cfg, progress, clock)
+                    rows += case(unet, family, size, variants, cfg, progress, clock)
                     clock.case_done()
                     if on_rows:
                         on_rows(rows)
