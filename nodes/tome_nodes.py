@@ -11,13 +11,13 @@ try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
     from ..tome_core.config import KV_DOWNSAMPLES, MODES
     from ..tome_core.dit import dit_window
-    from ..tome_core.dit.comfy_dit import dit_family, patch_dit_model_patcher
+    from ..tome_core.dit.comfy_dit import block_count, dit_family, patch_dit_model_patcher
     from ..tome_core.model_patcher import base_downsample_of, patch_model_patcher
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.config import KV_DOWNSAMPLES, MODES
     from tome_core.dit import dit_window
-    from tome_core.dit.comfy_dit import dit_family, patch_dit_model_patcher
+    from tome_core.dit.comfy_dit import block_count, dit_family, patch_dit_model_patcher
     from tome_core.model_patcher import base_downsample_of, patch_model_patcher
 
 CATEGORY = "model_patches/unet"
@@ -69,6 +69,17 @@ ADVANCED_INPUTS = {
 KV_DOWNSAMPLE_INPUT = (list(KV_DOWNSAMPLES), {"default": "nearest", "tooltip":
                        "mode kv only: nearest keeps one real token per window (ToDo's default; lower error on "
                        "SD1.5 in our measurements), avg averages each window (lower on SDXL)."})
+# Optional for the same reason; not in RULE_INPUTS (their rule block_start < block_end is checked when
+# the node runs), so a bad value elsewhere is not also reported on them.
+BLOCK_INPUTS = {
+    "block_start": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01, "tooltip":
+                              "DiTs (Flux, SD3, Wan) only: the share of the model's blocks, in depth order "
+                              "(Flux: double, then single blocks), that ToMe reduces starts here (0 = the first "
+                              "block). UNets: keep 0 (max_downsample picks their levels)."}),
+    "block_end": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01, "tooltip":
+                            "DiTs only: the reduced share of the blocks ends here (1 = the last block); block i of "
+                            "n is reduced iff block_start <= (i + 0.5) / n <= block_end. UNets: keep 1."}),
+}
 
 
 # The inputs the advanced node's validation function declares. ComfyUI (2024 and 0.3.75, execution.py
@@ -136,8 +147,10 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any]) -> tuple:
         return patched, {"tome": [info]}
     patched = patch_dit_model_patcher(model, config)
     nominal_grid = (21, 60, 104) if family == "wan" else (64, 64)  # 480p 81 frames / 1024^2: the window
+    count = block_count(model)
     info = dict(config.as_dict(), base_downsample=1, model_type=model_type, family=family,
-                kv_window=list(dit_window(config.ratio, nominal_grid, config.sx, config.sy)))
+                kv_window=list(dit_window(config.ratio, nominal_grid, config.sx, config.sy)),
+                blocks=[sum(config.block_on(i, count) for i in range(count)), count])
     return patched, {"tome": [info]}
 
 
@@ -186,7 +199,7 @@ class ToMeAdvanced(ToMe):
     def INPUT_TYPES(cls) -> dict:
         ratio = (RATIO[0], dict(RATIO[1], max=0.98))  # the real bound, 1 - 1/(sx*sy), is checked with sx, sy
         return {"required": dict(ToMe.INPUT_TYPES()["required"], ratio=ratio, **ADVANCED_INPUTS),
-                "optional": {"kv_downsample": KV_DOWNSAMPLE_INPUT}}
+                "optional": {"kv_downsample": KV_DOWNSAMPLE_INPUT, **BLOCK_INPUTS}}
 
     @classmethod
     def VALIDATE_INPUTS(cls, ratio=None, max_downsample=None, sx=None, sy=None, mode=None, merge_crossattn=None,
@@ -198,11 +211,11 @@ class ToMeAdvanced(ToMe):
         return validate(cls.spec(), values)
 
     def patch(self, model, ratio, max_downsample, sx, sy, use_rand, tome_seed, mode, merge_crossattn,
-              start_percent, end_percent, min_tokens, kv_downsample="nearest"):
+              start_percent, end_percent, min_tokens, kv_downsample="nearest", block_start=0.0, block_end=1.0):
         patched, ui = patch(model, self.spec(), dict(
             ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, tome_seed=tome_seed,
             mode=mode, merge_crossattn=merge_crossattn, start_percent=start_percent, end_percent=end_percent,
-            min_tokens=min_tokens, kv_downsample=kv_downsample))
+            min_tokens=min_tokens, kv_downsample=kv_downsample, block_start=block_start, block_end=block_end))
         return {"ui": ui, "result": (patched,)}
 
 

@@ -116,6 +116,14 @@ def test_module_help_in_a_subprocess():
     (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "cuda:97"],
      "without CUDA" if not torch.cuda.is_available() else "CUDA device(s) here"),
     (["--repeats", "3", "--max-repeats", "9", "--batch", "0"], "batch must be >= 1"),
+    (["--families", "sd15,flux"], "sd15 (UNet) and flux (DiT) need separate runs"),
+    (["--families", "flux", "--methods", "vanilla,merge,tomesd"],
+     "methods: merge, tomesd not available for DiT families (flux)"),
+    (["--families", "sd3", "--frames", "33"], "--frames is for the video family wan, not sd3"),
+    (["--families", "sdxl", "--blocks", "1"], "--blocks is for DiT families"),
+    (["--families", "wan", "--frames", "32"], "frames must be 4k + 1"),
+    (["--families", "flux", "--res", "1000"], "DiT sizes must be multiples of 16 px"),
+    (["--families", "flux", "--compile"], "--compile is for UNet families only"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     """What a user sees: one line naming the fix, exit code 2, no traceback."""
@@ -527,24 +535,6 @@ def test_dit_families_and_options_parse():
     assert not unet.dit and unet.batch == 2 and unet.methods == methods.DEFAULT_METHODS
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--families", "sd15,flux"], "sd15 (UNet) and flux (DiT) need separate runs"),
-    (["--families", "flux", "--methods", "vanilla,merge,tomesd"],
-     "methods: merge, tomesd not available for DiT families (flux)"),
-    (["--families", "sd3", "--frames", "33"], "--frames is for the video family wan, not sd3"),
-    (["--families", "sdxl", "--blocks", "1"], "--blocks is for DiT families"),
-    (["--families", "wan", "--frames", "32"], "frames must be 4k + 1"),
-    (["--families", "flux", "--res", "1000"], "DiT sizes must be multiples of 16 px"),
-    (["--families", "flux", "--compile"], "--compile is for UNet families only"),
-])
-def test_dit_bad_combinations_are_one_line_and_exit_2(args, message):
-    proc = subprocess.run([sys.executable, "-m", "tome_core", "bench", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
-
-
 def test_dit_full_configs_and_token_counts():
     """The released widths (no model built: a full-width block is too slow for a test) and the tokens
     the issue's sizes give: Flux 1024/2048 -> 4096/16384 + 512, Wan 832x480x33f -> 14040 + 512."""
@@ -640,3 +630,19 @@ def test_dit_tiny_run_end_to_end(tmp_path):
             assert r["frames"] == 9 and r["latent"] == "3x8x8" and "64x64x9f" in proc.stdout
     md = (out / "results.md").read_text()
     assert md.count("\n| flux ") == 3 and "- **ceiling**:" in md
+
+
+def test_dit_block_ranges_report_the_error_of_exactly_the_blocks_reduced():
+    """tome_core.bench.dit_blocks on a tiny Flux (2 double + 4 single blocks): each range reduces the
+    blocks whose centre it holds, a reduced range has a non-zero error, all blocks the largest error."""
+    pytest.importorskip("diffusers")
+    from tome_core.bench.dit_blocks import format_rows, range_errors
+
+    rows = range_errors("flux", 2, ratio=0.75, peaked=3.0, dtype=torch.float32, scale="tiny", size=(64, 64, 1))
+    reduced = {(row["block_start"], row["block_end"]): row["blocks_reduced"] for row in rows}
+    assert reduced == {(0.0, 1.0): 6, (0.0, 0.5): 3, (0.5, 1.0): 3, (0.0, 0.333): 2, (0.333, 0.667): 2,
+                       (0.667, 1.0): 2}
+    errors = {(row["block_start"], row["block_end"]): row["err_peaked"] for row in rows}
+    assert all(error > 0 for error in errors.values())
+    assert errors[(0.0, 1.0)] == max(errors.values())
+    assert "0.00-0.50    3 of 6" in format_rows(rows)

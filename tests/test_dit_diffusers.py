@@ -247,3 +247,66 @@ def test_a_non_sdpa_attention_backend_is_refused_not_silently_ignored():
     with attention_backend("flex"), pytest.raises(RuntimeError, match="without torch's scaled_dot_product_attention"):
         run(model, inputs)
     remove_patch(model)
+
+
+@pytest.mark.parametrize("family, start, end, reduced, hooked", [
+    # SDPA calls in order. Flux: 1 double + 2 single blocks (centres 1/6, 1/2, 5/6)
+    ("flux", 0.0, 0.5, [True, True, False], ["single_transformer_blocks.0", "transformer_blocks.0"]),
+    ("flux", 0.5, 1.0, [False, True, True], ["single_transformer_blocks.0", "single_transformer_blocks.1"]),
+    # SD3.5: block 0 runs the joint attention, then its image-only dual attention; block 1 the joint one
+    ("sd3", 0.0, 0.5, [True, True, False], ["transformer_blocks.0"]),
+    # Wan: per block self-attention, then cross-attention (text keys: never reduced)
+    ("wan", 0.5, 1.0, [False, False, True, False], ["blocks.1"]),
+])
+def test_block_range_reduces_exactly_the_blocks_in_it(family, start, end, reduced, hooked):
+    """Checked on the keys each attention really gets: full length outside the range, shorter inside."""
+    model, inputs, _ = FAMILIES[family]()
+    expected = run(model, inputs)
+    _, vanilla = spied(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv", block_start=start, block_end=end)
+    _, patched = spied(model, inputs)
+    assert [kb.shape[-2] < ka.shape[-2] for (_, ka, _), (_, kb, _) in zip(vanilla, patched)] == reduced
+    assert sorted({name.rsplit(".", 1)[0] for name, _, _ in model.__dict__[STATE_ATTR].modules}) == hooked
+    remove_patch(model)
+    assert torch.equal(run(model, inputs), expected)
+
+
+def test_block_range_holding_no_block_and_on_a_unet_is_refused():
+    model, inputs, _ = flux()
+    with pytest.raises(ValueError, match="holds none of FluxTransformer2DModel's 3 blocks"):
+        apply_patch(model, ratio=0.5, mode="kv", block_start=0.2, block_end=0.3)
+    assert not is_patched(model)
+    with pytest.raises(ValueError, match="need 0 <= block_start < block_end <= 1"):
+        apply_patch(model, ratio=0.5, mode="kv", block_start=0.6, block_end=0.4)
+    unet = diffusers.UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8)
+    with pytest.raises(ValueError, match="UNet2DConditionModel is a UNet, whose levels max_downsample chooses"):
+        apply_patch(unet, ratio=0.5, block_end=0.5)
+    assert not is_patched(unet)
+
+
+def test_torch_compile_matches_eager_and_compiles_nothing_after_the_first_step():
+    """torch.compile(transformer) after apply_patch (inductor): eager output within 1e-4 at every step, and no
+    recompilation as the timestep changes (the per-call step read and seeded picks run eagerly, in the
+    model's pre-hook). Not one graph: diffusers' processors call Tensor.unflatten, which dynamo cannot
+    trace under ToMe's TorchFunctionMode, so each attention block adds a break (16 on this model)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, inputs, _ = flux(h=8, w=8)
+    apply_patch(model, ratio=0.5, mode="kv")
+    compiled = torch.compile(model)
+    graphs = []
+    for step in (0.6, 0.5, 0.4, 0.3):
+        inputs["timestep"] = torch.full((1,), step)
+        eager, result = run(model, inputs), run(compiled, inputs)
+        assert ((result - eager).norm() / eager.norm()).item() < 1e-4
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] > 0 and graphs == [graphs[0]] * 4, graphs
+    vanilla = run(model, inputs)
+    remove_patch(model)
+    assert not torch.equal(run(model, inputs), vanilla)
+    torch._dynamo.reset()

@@ -128,3 +128,47 @@ def test_model_patcher_patches_sync_at_most_once_per_call_and_never_in_untouched
         per_block = _comfy_model_call(patches, sigma, levels)
         assert sum(per_block) == (1 if needs_sigma else 0), per_block
         assert all(count == 0 for count, tokens in zip(per_block, levels) if tokens != 1024), per_block
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_model_patcher_apply_model_wrapper_reads_the_step_once_and_the_blocks_never(config):
+    """ComfyUI 0.3.x: the APPLY_MODEL wrapper (``BaseModel.apply_model``'s executor) reads the sigma at
+    most once and hands the call's tables to the blocks, which then sync nowhere; their outputs equal
+    those of the patches reading the step themselves (hosts without model wrappers)."""
+    window = SigmaWindow(high=10.0, low=0.0) if config["start_percent"] > 0 else SigmaWindow()
+    wrapped = make_patches(ToMeConfig(ratio=0.5, **config), base_downsample=1, window=window)
+    direct = make_patches(ToMeConfig(ratio=0.5, **config), base_downsample=1, window=window)
+    levels = [256, 64, 1024, 1024, 256, 1024]
+    needs_sigma = config["use_rand"] or config["start_percent"] > 0
+
+    def blocks(patches, transformer_options, recorder=None):
+        outs = []
+        for tokens in levels:
+            n = torch.randn(2, tokens, 16, generator=torch.Generator().manual_seed(tokens))
+            extra_options = dict(transformer_options)  # BasicTransformerBlock's copy, per block
+            with (recorder if recorder is not None else torch.inference_mode()):
+                n2, context, value = patches.attn1(n, n, n, extra_options)
+                weights = torch.softmax(n2 @ context.transpose(1, 2) / 4.0, dim=-1)
+                outs.append(patches.attn1_output(weights @ value, extra_options))
+        return outs
+
+    for sigma in (14.0, 5.0, 1.0):
+        sigmas = torch.full((2,), sigma)
+        x = torch.zeros(2, 4, 32, 32)
+        in_blocks = SyncRecorder()
+
+        def executor(x, t, c_concat, c_crossattn, control, transformer_options, **kwargs):
+            transformer_options["original_shape"] = list(x.shape)  # UNetModel._forward
+            return blocks(wrapped, transformer_options, in_blocks)
+
+        options = {"sigmas": sigmas}
+        with torch.inference_mode(), SyncRecorder() as whole:
+            outs = wrapped.apply_model_wrapper(executor, x, sigmas, None, None, None, options)
+        assert in_blocks.syncs == 0, dict(in_blocks.ops)
+        assert whole.syncs == (1 if needs_sigma else 0), dict(whole.ops)
+        assert options == {"sigmas": sigmas, "original_shape": [2, 4, 32, 32]}  # the tables were removed
+        expected = blocks(direct, {"original_shape": [2, 4, 32, 32], "sigmas": sigmas})
+        assert all(torch.equal(a, b) for a, b in zip(outs, expected))
+        unpatched = blocks(direct, {})  # no original_shape: the patches leave every block alone
+        active = not (config["start_percent"] > 0 and sigma == 14.0)
+        assert any(not torch.equal(o, u) for o, u in zip(outs, unpatched)) == active

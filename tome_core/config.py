@@ -49,6 +49,9 @@ class ToMeConfig:
     start_percent, end_percent: the part of the sampling schedule (0 = first step, 1 = last)
         where ToMe is active.
     min_tokens: levels with fewer tokens than this are left alone (merging cannot pay there).
+    block_start, block_end: DiTs (mode "kv") only: the share of the model's blocks, in depth order,
+        that ToMe reduces (Flux: its double blocks, then its single blocks); block i of n is reduced
+        iff block_start <= (i + 0.5) / n <= block_end. UNets choose levels with max_downsample.
     """
 
     ratio: float = 0.5
@@ -65,6 +68,8 @@ class ToMeConfig:
     start_percent: float = 0.0
     end_percent: float = 1.0
     min_tokens: int = 0
+    block_start: float = 0.0
+    block_end: float = 1.0
 
     def __post_init__(self) -> None:
         _require_int("sx", self.sx, 1)
@@ -100,6 +105,22 @@ class ToMeConfig:
                 f"ToMe: need 0 <= start_percent <= end_percent <= 1, got start_percent={start}, "
                 f"end_percent={end}; e.g. start_percent=0.0, end_percent=1.0 for the whole schedule."
             )
+        first = _require_real("block_start", self.block_start)
+        last = _require_real("block_end", self.block_end)
+        if not 0.0 <= first < last <= 1.0:
+            raise ValueError(
+                f"ToMe: need 0 <= block_start < block_end <= 1, got block_start={first}, block_end={last}; "
+                "e.g. block_start=0.0, block_end=1.0 for every block."
+            )
+
+    @property
+    def all_blocks(self) -> bool:
+        """Whether the block range is the whole depth (the only range a UNet accepts)."""
+        return self.block_start == 0.0 and self.block_end == 1.0
+
+    def block_on(self, index: int, count: int) -> bool:
+        """Whether DiT block ``index`` of ``count`` (depth order) lies in [block_start, block_end]."""
+        return count <= 0 or self.block_start <= (index + 0.5) / count <= self.block_end
 
     @property
     def enabled(self) -> bool:
@@ -112,3 +133,12 @@ class ToMeConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def require_all_blocks(config: ToMeConfig, model_name: str) -> None:
+    """UNets have no block range (max_downsample picks their levels): refuse one rather than ignore it."""
+    if not config.all_blocks:
+        raise ValueError(
+            f"ToMe: block_start/block_end choose a share of a DiT's blocks (Flux, SD3, Wan); {model_name} is a "
+            "UNet, whose levels max_downsample chooses: set block_start=0.0 and block_end=1.0."
+        )

@@ -69,7 +69,7 @@ def step_of(timestep: Any) -> Tuple[float, Optional[float]]:
     return key, min(max(1.0 - key / _TRAIN_TIMESTEPS, 0.0), 1.0)
 
 
-def _not_compiled(fn):
+def not_compiled(fn):
     """Run ``fn`` eagerly under torch.compile: the once-per-model-call host work (the step read, the
     seeded generator) becomes one graph break before the UNet's compute instead of several inside it."""
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
@@ -164,7 +164,7 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
     state = PatchState(config=config, merger=TokenMerger(config, attention_base_downsample(unet)))
     blocks = transformer_blocks(unet)
 
-    @_not_compiled
+    @not_compiled
     def record_step(module, args, kwargs):
         sample = args[0] if args else kwargs.get("sample", kwargs.get("x"))
         timestep = args[1] if len(args) > 1 else next(

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Tuple
 
 import torch
 
-from .config import ToMeConfig
+from .config import ToMeConfig, require_all_blocks
 from .levels import attention_base_downsample
 from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 
@@ -145,12 +145,26 @@ def _same_tokens(a: Optional[torch.Tensor], n: torch.Tensor) -> bool:
     return isinstance(a, torch.Tensor) and a.dim() == 3 and a.shape[:2] == n.shape[:2]
 
 
+APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
+_OFF = object()  # a call's tables entry when ToMe is off at its step
+
+
 @dataclass
 class ComfyPatches:
-    """The patch callables for one patched model; attn2/attn2_output are None unless merge_crossattn."""
+    """The patch callables for one patched model; attn2/attn2_output are None unless merge_crossattn.
+
+    apply_model_wrapper, for hosts with model wrappers (ComfyUI 0.3.x ``add_wrapper_with_key``),
+    reads the step once per model call outside the diffusion model and hands the blocks this
+    call's per-level tables through ``transformer_options[tables_key]``: the patches then never
+    read a float or seed a generator, so ComfyUI's TorchCompileModel traces them without a graph
+    break or a per-step recompile. Without it (2024 ComfyUI, Forge) the patches read the step
+    themselves, once per model call (``StepSigma``).
+    """
 
     attn1: Callable
     attn1_output: Callable
+    apply_model_wrapper: Callable
+    tables_key: str
     attn2: Optional[Callable] = None
     attn2_output: Optional[Callable] = None
 
@@ -164,6 +178,31 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
     merger = TokenMerger(config, base_downsample)
     step_sigma = StepSigma()
     windowed = window != SigmaWindow()
+    tables_key = f"tome_tables_{id(merger):x}"  # one per patched model: two ToMe nodes never share it
+    call_step = [0.0]  # the step key of the model call in progress, set by apply_model_wrapper
+
+    def step_key_of(sigmas: Any) -> Optional[float]:
+        """The step's sigma where the window or a random partition depends on it, else None (no read)."""
+        return _step_sigma(sigmas) if windowed or merger.needs_step() else None
+
+    def apply_model_wrapper(executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None,
+                            control: Any = None, transformer_options: Optional[dict] = None, **kwargs: Any) -> Any:
+        # The signature of comfy.model_base.BaseModel.apply_model, whose executor we wrap.
+        options = transformer_options
+        args = (c_concat, c_crossattn, control, transformer_options)
+        if not isinstance(options, dict) or x.dim() != 4:
+            return executor(x, t, *args, **kwargs)
+        sigma = step_key_of(t)  # the one host read of this model call
+        if windowed and sigma is not None and not window.contains(sigma):
+            options[tables_key] = _OFF
+        else:
+            # Only the tables go into traced code: a float there would be guarded on (a recompile per step).
+            call_step[0] = 0.0 if sigma is None else sigma
+            options[tables_key] = merger.step_tables((int(x.shape[-2]), int(x.shape[-1])), call_step[0], x.device)
+        try:
+            return executor(x, t, *args, **kwargs)
+        finally:
+            options.pop(tables_key, None)
 
     def plan_for(n: torch.Tensor, extra_options: dict) -> TokenPlan:
         # Shapes first: blocks ToMe leaves alone never look at the sigma (a host sync for a tensor),
@@ -175,6 +214,13 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
         grid = merger.grid(n, hw)
         if grid is None:
             return IDENTITY_PLAN
+        prepared = extra_options.get(tables_key)
+        if prepared is _OFF:
+            return IDENTITY_PLAN
+        if prepared is not None:
+            if grid in prepared:
+                return merger.plan_with(n, grid, prepared[grid])
+            return merger.plan_at(n, grid, step_key=call_step[0])  # a grid no level formula predicted
         sigma = step_sigma(extra_options) if windowed or merger.needs_step() else None
         if windowed and sigma is not None and not window.contains(sigma):
             return IDENTITY_PLAN
@@ -219,7 +265,8 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
         return before, after
 
     attn1, attn1_output = slot_patches("attn1")
-    patches = ComfyPatches(attn1=attn1, attn1_output=attn1_output)
+    patches = ComfyPatches(attn1=attn1, attn1_output=attn1_output,
+                           apply_model_wrapper=apply_model_wrapper, tables_key=tables_key)
     if config.merge_crossattn and config.mode == "merge":
         patches.attn2, patches.attn2_output = slot_patches("attn2")
     return patches
@@ -241,7 +288,9 @@ def check_model_patcher(patcher: Any, config: ToMeConfig) -> Tuple[int, SigmaWin
     if config.merge_mlp:
         raise ValueError("ToMe: merge_mlp is not available through ModelPatcher (no patch point around the "
                          "feed-forward); set merge_mlp=False.")
-    return base_downsample_of(patcher), sigma_window(patcher, config)
+    base = base_downsample_of(patcher)  # refuses non-UNets, naming the model, before the block range
+    require_all_blocks(config, model_type_name(patcher))
+    return base, sigma_window(patcher, config)
 
 
 def patch_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
@@ -254,6 +303,8 @@ def patch_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     if not config.enabled:
         return clone
     patches = make_patches(config, base, window)
+    if callable(getattr(clone, "add_wrapper_with_key", None)):
+        clone.add_wrapper_with_key(APPLY_MODEL, patches.tables_key, patches.apply_model_wrapper)
     if config.merge_attn or config.mode == "kv":
         clone.set_model_attn1_patch(patches.attn1)
         clone.set_model_attn1_output_patch(patches.attn1_output)

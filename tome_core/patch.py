@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from .config import ToMeConfig
+from .config import ToMeConfig, require_all_blocks
 from .dit import diffusers_dit
 from .hooks import STATE_ATTR, install, uninstall
 from .levels import attention_base_downsample
@@ -29,6 +29,8 @@ def apply_patch(
     start_percent: float = 0.0,
     end_percent: float = 1.0,
     min_tokens: int = 0,
+    block_start: float = 0.0,
+    block_end: float = 1.0,
 ) -> Model:
     """Patch ``model`` in place with ToMe and return it (a drop-in for ``tomesd.apply_patch``).
 
@@ -37,12 +39,15 @@ def apply_patch(
         (what the WebUI holds), or an LDM-style UNet.
     The first nine arguments mean what they mean in tomesd (see ``ToMeConfig``), except that
     ``max_downsample`` counts from the model's first attention level, so SDXL is merged too.
+    DiTs (Flux, SD3/3.5, Wan) take mode "kv" only; block_start/block_end pick the share of their
+    blocks, in depth order, that is reduced (UNets refuse a range: max_downsample picks their levels).
     Applying again replaces the previous patch. Bad values raise before anything is patched.
     """
     config = ToMeConfig(
         ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, kv_downsample=kv_downsample, seed=seed,
         start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens,
+        block_start=block_start, block_end=block_end,
     )
     dit = diffusers_dit.find_dit(model)
     if dit is not None:  # Flux, SD3/3.5, Wan: mode "kv" through per-attention hooks (tome_core/dit)
@@ -57,6 +62,7 @@ def apply_patch(
             f"kv mode reaches; supported DiTs: {', '.join(diffusers_dit.FAMILIES)} (mode='kv'), UNets: {SUPPORTED}."
         )
     unets = check_patchable(model)
+    require_all_blocks(config, type(model).__name__)
     remove_patch(model)
     for unet in unets:
         install(unet, config)

@@ -48,11 +48,14 @@ export function findLatentSize(node, graph) {
 export function ditLines(lastRun) {
   const window = lastRun.kv_window ?? [];
   const kept = window.reduce((a, b) => a * b, 1);
-  return [
+  const lines = [
     `${lastRun.model_type} (${lastRun.family}): mode kv on image tokens`,
     kept > 1 ? `keys/values: 1 of ${kept} per ${window.join("x")} window; every query and text token kept`
              : "ratio too low for a window: nothing reduced",
   ];
+  const [reduced, total] = lastRun.blocks ?? [];
+  if (total > 0) lines.push(reduced === total ? `all ${total} blocks` : `blocks reduced: ${reduced} of ${total}`);
+  return lines;
 }
 
 export function infoLines(node, graph) {
@@ -87,6 +90,7 @@ export const extension = {
         if (info.family) {
           this.tomeLastRun.family = String(info.family);
           this.tomeLastRun.kv_window = Array.isArray(info.kv_window) ? info.kv_window.map(Number) : [];
+          if (Array.isArray(info.blocks)) this.tomeLastRun.blocks = info.blocks.map(Number);
         }
       }
       this.setDirtyCanvas?.(true, false);

@@ -139,6 +139,17 @@ def import_comfy(comfy_dir: Path) -> None:
     comfy.cli_args.args.cpu = True  # before comfy.model_management picks a device
 
 
+def import_repo_package(name: str) -> Any:
+    """The repository root imported as a package named ``name``, the way ComfyUI's load_custom_node
+    imports a custom node folder; imported once per name and process."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "__init__.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

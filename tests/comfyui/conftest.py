@@ -5,7 +5,6 @@ TOME_REQUIRE_COMFY=1, which CI sets so that a broken test environment fails loud
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -29,10 +28,7 @@ def tome_package():
         hidden = {key: sys.modules.get(key) for key in ("comfy_api", "comfy_api.latest")}
         sys.modules.update(dict.fromkeys(hidden))  # None: "import comfy_api.latest" raises ImportError
         try:
-            spec = importlib.util.spec_from_file_location(name, comfy_env.REPO / "__init__.py")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
+            comfy_env.import_repo_package(name)
         finally:
             for key, value in hidden.items():
                 if value is None:

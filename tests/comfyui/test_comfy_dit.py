@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 
 import pytest
 import torch
@@ -163,13 +162,7 @@ def test_refuses_pixart_and_merge_naming_the_model(comfy):
 def tome_package():
     """The repository root imported as a package under its own name: imported here, after comfy, it
     exports the V3 entry point only, which must not change what the session's other tests import."""
-    name = "tome_custom_node_dit_test"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, comfy_env.REPO / "__init__.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return comfy_env.import_repo_package("tome_custom_node_dit_test")
 
 
 def _node_classes(tome_package):
@@ -217,3 +210,44 @@ def test_the_v3_node_gives_the_v1_image_on_a_dit(comfy, tome_package):
     v3 = next(node for node in tome_v3.V3_NODES if node.__name__ == "ToMeV3")
     output = v3.execute(model=patcher, ratio=0.6, max_downsample=1)
     assert torch.equal(sample(comfy, output.result[0], latent, cond), sample(comfy, v1, latent, cond))
+
+
+@pytest.mark.parametrize("family, start, end, reduced, blocks", [
+    ("flux", 0.0, 0.5, [True, True, False], [2, 3]),  # 1 double + 2 single blocks: centres 1/6, 1/2, 5/6
+    ("sd3", 0.5, 1.0, [False, False, True], [1, 2]),  # block 0: joint, then SD3.5's image-only attention
+    ("wan", 0.0, 0.5, [True, False, False, False], [1, 2]),  # per block: self-, then cross-attention
+])
+def test_the_advanced_node_reduces_only_its_block_range(comfy, tome_package, family, start, end, reduced, blocks):
+    """Checked on the keys each attention call really gets (a spy chained after ToMe's override)."""
+    tome_nodes = _node_classes(tome_package)
+    patcher, latent, cond, _ = FAMILIES[family](comfy)
+    vanilla_patcher = patcher.clone()
+    vanilla = spy_on(vanilla_patcher)
+    sample(comfy, vanilla_patcher, latent, cond, steps=1)
+    base = patcher.clone()
+    patched_calls = spy_on(base)
+    values = dict(ratio=0.5, max_downsample=1, sx=2, sy=2, use_rand=True, tome_seed=0, mode="kv",
+                  merge_crossattn=False, start_percent=0.0, end_percent=1.0, min_tokens=0)
+    result = tome_nodes.ToMeAdvanced().patch(base, **values, block_start=start, block_end=end)
+    assert result["ui"]["tome"][0]["blocks"] == blocks
+    sample(comfy, result["result"][0], latent, cond, steps=1)
+    assert len(vanilla) == len(patched_calls)
+    seq = [2 if call[3] else 1 for call in vanilla]
+    assert [b[1].shape[s] < a[1].shape[s] for a, b, s in zip(vanilla, patched_calls, seq)] == reduced
+
+
+def test_a_block_range_is_refused_on_a_unet_and_when_it_holds_no_block(comfy, tome_package):
+    tome_nodes = _node_classes(tome_package)
+    values = dict(ratio=0.5, max_downsample=1, sx=2, sy=2, use_rand=True, tome_seed=0, mode="kv",
+                  merge_crossattn=False, start_percent=0.0, end_percent=1.0, min_tokens=0)
+    patcher, _, _, _ = flux(comfy)
+    with pytest.raises(ValueError, match="holds none of Flux's 3 blocks"):
+        tome_nodes.ToMeAdvanced().patch(patcher, **values, block_start=0.2, block_end=0.3)
+    with pytest.raises(ValueError, match="need 0 <= block_start < block_end <= 1"):
+        tome_nodes.ToMeAdvanced().patch(patcher, **values, block_start=0.5, block_end=0.5)
+    assert not patcher.wrappers.get("apply_model")
+    model = comfy.supported_models.SD15(comfy_env.tiny_sd15_unet_config()).get_model({})
+    unet = comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="BaseModel is a UNet, whose levels max_downsample chooses"):
+        tome_nodes.ToMeAdvanced().patch(unet, **values, block_end=0.5)
+    assert not unet.model_options.get("transformer_options", {}).get("patches")

@@ -43,9 +43,18 @@ def _diffusion_model(patcher: Any) -> Any:
     return getattr(model, "diffusion_model", None)
 
 
+def _family_entry(diffusion_model: Any) -> Optional[Tuple[str, str]]:
+    """FAMILIES entry of a diffusion model, seen through torch.compile's OptimizedModule.
+
+    TorchCompileModel's APPLY_MODEL wrapper swaps ``diffusion_model`` for the compiled module while
+    a call runs; when it was added before ToMe's wrapper, ToMe sees that module at call time.
+    """
+    return FAMILIES.get(type(getattr(diffusion_model, "_orig_mod", diffusion_model)).__name__)
+
+
 def dit_family(patcher: Any) -> Optional[str]:
     """The family ("flux", "sd3", "wan") of the patcher's diffusion model, or None for anything else."""
-    entry = FAMILIES.get(type(_diffusion_model(patcher)).__name__)
+    entry = _family_entry(_diffusion_model(patcher))
     return entry[0] if entry else None
 
 
@@ -56,7 +65,10 @@ def _host_has_override() -> bool:
 
 def _layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tensor]) -> Optional[TokenLayout]:
     """Token layout of one model call from the latent x [B, C, (T,) H, W], the text and the patch size."""
-    family, text_at = FAMILIES[type(diffusion_model).__name__]
+    entry = _family_entry(diffusion_model)
+    if entry is None:
+        return None
+    text_at = entry[1]
     patch = diffusion_model.patch_size
     patch = tuple(patch) if isinstance(patch, (tuple, list)) else (patch,) * (x.ndim - 2)
     if len(patch) != x.ndim - 2:
@@ -69,16 +81,55 @@ def _layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tenso
     return TokenLayout(grid, prefix=context.shape[1] + int(getattr(diffusion_model, "register_length", 0) or 0))
 
 
-class DiTKVPatch(KVPatchState):
-    """The state of one patched clone: config, sigma window and the per-step kept indices."""
+# Where each family keeps its blocks, in the order they run (comfy/ldm/flux/model.py, mmdit.py, wan/model.py;
+# VACE runs its vace_blocks between the main ones, so for it the depth order is the order of the calls).
+_BLOCK_LISTS = {"flux": ("double_blocks", "single_blocks"), "sd3": ("joint_blocks",), "wan": ("blocks", "vace_blocks")}
 
-    def __init__(self, config: ToMeConfig, sigma_high: float, sigma_low: float) -> None:
+
+def block_count(patcher_or_model: Any) -> int:
+    """The blocks of a patcher's (or diffusion model's) DiT, in the sense of the block range."""
+    model = _diffusion_model(patcher_or_model) if hasattr(patcher_or_model, "model") else patcher_or_model
+    model = getattr(model, "_orig_mod", model)
+    entry = _family_entry(model)
+    return 0 if entry is None else sum(len(getattr(model, name, None) or ()) for name in _BLOCK_LISTS[entry[0]])
+
+
+def blocks_on(diffusion_model: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...]]:
+    """Per block, in depth order, whether config's block range holds it; None for every block.
+
+    Raises ValueError naming the model when the range holds none of its blocks.
+    """
+    if config.all_blocks:
+        return None
+    model = getattr(diffusion_model, "_orig_mod", diffusion_model)
+    count = block_count(model)
+    chosen = tuple(config.block_on(index, count) for index in range(count))
+    if not any(chosen):
+        raise ValueError(
+            f"ToMe: block_start={config.block_start}..block_end={config.block_end} holds none of "
+            f"{type(model).__name__}'s {count} blocks (block i is in it iff its centre (i + 0.5) / {count} is); "
+            "widen the range.")
+    return chosen
+
+
+class DiTKVPatch(KVPatchState):
+    """The state of one patched clone: config, sigma window, block choice and the per-step kept indices."""
+
+    def __init__(self, config: ToMeConfig, sigma_high: float, sigma_low: float,
+                 blocks: Optional[Tuple[bool, ...]] = None) -> None:
         super().__init__(config)
         self.sigma_high, self.sigma_low = sigma_high, sigma_low
+        self.blocks_on = blocks
 
     def override(self, layout: TokenLayout, keep: torch.Tensor, ambiguous: int,
-                 previous: Optional[Callable]) -> Callable:
-        """The optimized_attention_override for one model call; chains ``previous``."""
+                 previous: Optional[Callable], blocks_on: Optional[Tuple[bool, ...]] = None) -> Callable:
+        """The optimized_attention_override for one model call; chains ``previous``.
+
+        blocks_on: per block in depth order, whether ToMe reduces it (None: every block). The
+        self-attentions over the layout come one per block in depth order (Flux: double, then single
+        blocks; MMDiT: joint blocks; Wan: its blocks), so their count in this call is the block index.
+        """
+        seen = [0]  # self-attentions over the layout so far in this model call
 
         def tome_kv_override(func: Callable, *args: Any, **kwargs: Any) -> Any:
             args = list(args)
@@ -87,7 +138,11 @@ class DiTKVPatch(KVPatchState):
             n = layout.length
             # Self-attention over exactly this layout only; a cross-attention whose text happens to have
             # the same length cannot be told apart, so that length is left alone (``ambiguous``).
+            block_on = False
             if q is not None and n != ambiguous and q.shape[seq] == k.shape[seq] == v.shape[seq] == n:
+                index, seen[0] = seen[0], seen[0] + 1
+                block_on = blocks_on is None or (index < len(blocks_on) and blocks_on[index])
+            if block_on:
                 k, v = k.index_select(seq, keep), v.index_select(seq, keep)
                 if len(args) >= 3:
                     args[1], args[2] = k, v
@@ -96,7 +151,8 @@ class DiTKVPatch(KVPatchState):
                 mask = kwargs.get("mask")
                 if isinstance(mask, torch.Tensor) and mask.shape[-1] == n:
                     kwargs["mask"] = mask.index_select(-1, keep)
-                self.reduced_calls += 1
+                if not torch.compiler.is_compiling():  # a diagnostic count; in traced code an int guard, a recompile
+                    self.reduced_calls += 1
             if previous is not None:
                 return previous(func, *args, **kwargs)
             return func(*args, **kwargs)
@@ -112,7 +168,7 @@ class DiTKVPatch(KVPatchState):
         if plan is None:
             return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
         had, previous = OVERRIDE in options, options.get(OVERRIDE)
-        options[OVERRIDE] = self.override(*plan, previous=previous)
+        options[OVERRIDE] = self.override(*plan, previous=previous, blocks_on=self.blocks_on)
         try:
             return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
         finally:
@@ -150,17 +206,18 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     RuntimeError on a ComfyUI without ``optimized_attention_override``. Nothing is patched then.
     """
     diffusion_model = _diffusion_model(patcher)
-    name = type(diffusion_model).__name__
-    if name not in FAMILIES:
+    if _family_entry(diffusion_model) is None:
+        name = type(getattr(diffusion_model, "_orig_mod", diffusion_model)).__name__
         raise TypeError(f"ToMe: {name} is not a DiT that ToMe's kv mode can reach in ComfyUI; supported: "
                         f"Flux, SD3/SD3.5 (MMDiT), Wan 2.x. UNet models (SD1.x/SD2.x/SDXL) use the UNet patch.")
     check_config(diffusion_model, config)
+    chosen = blocks_on(diffusion_model, config)
     if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():
         raise RuntimeError("ToMe: this ComfyUI has no transformer_options['optimized_attention_override'] "
                            "(added in ComfyUI 0.3.6x); update ComfyUI to use ToMe on DiT models.")
     sampling = patcher.get_model_object("model_sampling")
     high, low = float(sampling.percent_to_sigma(config.start_percent)), float(sampling.percent_to_sigma(config.end_percent))
-    state = DiTKVPatch(config, sigma_high=high, sigma_low=low)
+    state = DiTKVPatch(config, sigma_high=high, sigma_low=low, blocks=chosen)
     clone = patcher.clone()
     clone.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)  # re-patching replaces, never stacks
     clone.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, state.apply_model_wrapper)

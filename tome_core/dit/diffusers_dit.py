@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..config import ToMeConfig
+from ..hooks import not_compiled
 from .families import FAMILIES, TIMESTEP_ARG, find_dit, unsupported_dit
 from .grid import TokenLayout
 from .kv import dit_window
@@ -55,7 +56,6 @@ class _KVMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             bound = dict(zip(_SDPA_ARGS, args), **kwargs)
-            self.state.sdpa_calls += 1
             self.sdpa_calls += 1
             key, value, mask = bound["key"], bound["value"], bound.get("attn_mask")
             if key.shape[-2] == self.layout.length and value.shape[-2] == self.layout.length \
@@ -64,7 +64,8 @@ class _KVMode(TorchFunctionMode):
                 bound["key"], bound["value"] = key.index_select(-2, keep), value.index_select(-2, keep)
                 if isinstance(mask, torch.Tensor) and mask.shape[-1] == self.layout.length:
                     bound["attn_mask"] = mask.index_select(-1, keep)
-                self.state.reduced_calls += 1
+                if not torch.compiler.is_compiling():  # a diagnostic count; in traced code an int guard, a recompile
+                    self.state.reduced_calls += 1
             else:
                 self.state.warn_once(f"skip:{self.where}", f"ToMe: {self.where}: keys of length {key.shape[-2]} "
                                      f"do not match the token layout {self.layout}; left unreduced.")
@@ -82,9 +83,9 @@ class DiTState(KVPatchState):
         self.handles: List[Any] = []
         self.current: Optional[Dict[str, Tuple[TokenLayout, torch.Tensor]]] = None
         self.modes: Dict[int, _KVMode] = {}
-        self.sdpa_calls = 0
 
 
+@not_compiled  # the host reads (step, Flux's ids) and the seeded picks stay out of torch.compile's graph
 def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     state: DiTState = model.__dict__[STATE_ATTR]
     state.current = None
@@ -159,6 +160,24 @@ def attention_names(model: torch.nn.Module) -> List[str]:
     return [name for name, _, _ in FAMILIES[type(model).__name__].attentions(model)]
 
 
+def in_block_range(model: torch.nn.Module, modules: List[Tuple[str, torch.nn.Module, str]],
+                   config: ToMeConfig) -> List[Tuple[str, torch.nn.Module, str]]:
+    """The attentions whose block (the name without its last part, in depth order) config.block_on.
+
+    Raises ValueError naming the model when the range holds none of its blocks.
+    """
+    if config.all_blocks:
+        return modules
+    order = list(dict.fromkeys(name.rsplit(".", 1)[0] for name, _, _ in modules))
+    chosen = {block for index, block in enumerate(order) if config.block_on(index, len(order))}
+    if not chosen:
+        raise ValueError(
+            f"ToMe: block_start={config.block_start}..block_end={config.block_end} holds none of "
+            f"{type(model).__name__}'s {len(order)} blocks (block i is in it iff its centre (i + 0.5) / "
+            f"{len(order)} is); widen the range.")
+    return [entry for entry in modules if entry[0].rsplit(".", 1)[0] in chosen]
+
+
 def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[str]] = None) -> DiTState:
     """Hook the attentions of ``model`` (a supported DiT; see ``find_dit``). Raises before patching anything.
 
@@ -167,7 +186,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[st
     """
     check_config(model, config)
     family = FAMILIES[type(model).__name__]
-    modules = family.attentions(model)
+    modules = in_block_range(model, family.attentions(model), config)
     if blocks is not None:
         unknown = sorted(set(blocks) - {name for name, _, _ in modules})
         if unknown:

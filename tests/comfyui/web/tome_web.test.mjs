@@ -96,4 +96,8 @@ test("after a DiT run the node shows the kv window instead of UNet levels", asyn
   node.onExecuted({ tome: [{ base_downsample: 1, model_type: "WAN21", family: "wan", kv_window: [1, 1] }] });
   assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[1],
     "ratio too low for a window: nothing reduced");
+  node.onExecuted({ tome: [{ model_type: "Flux", family: "flux", kv_window: [1, 2], blocks: [19, 57] }] });
+  assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[2], "blocks reduced: 19 of 57");
+  node.onExecuted({ tome: [{ model_type: "Flux", family: "flux", kv_window: [1, 2], blocks: [57, 57] }] });
+  assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[2], "all 57 blocks");
 });
