@@ -73,7 +73,7 @@ KV_DOWNSAMPLE_INPUT = (list(KV_DOWNSAMPLES), {"default": "nearest", "tooltip":
 # the node runs), so a bad value elsewhere is not also reported on them.
 BLOCK_INPUTS = {
     "block_start": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01, "tooltip":
-                              "DiTs (Flux, SD3, Wan) only: the share of the model's blocks, in depth order "
+                              "DiTs (Flux, SD3, Wan, HunyuanVideo) only: the share of the model's blocks, in depth order "
                               "(Flux: double, then single blocks), that ToMe reduces starts here (0 = the first "
                               "block). UNets: keep 0 (max_downsample picks their levels)."}),
     "block_end": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01, "tooltip":
@@ -132,7 +132,7 @@ def validate(spec: Dict[str, tuple], values: Dict[str, Any]):
 def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any]) -> tuple:
     """The patched clone and the info the frontend extension draws; shared by the V1 and V3 nodes.
 
-    DiTs (Flux, SD3/3.5, Wan) route to the kv patch: the basic node, which has no mode input, uses
+    DiTs (Flux, SD3/3.5, Wan, HunyuanVideo) route to the kv patch: the basic node, which has no mode input, uses
     kv there (the only mode a DiT has); the advanced node's mode is honoured, so "merge" is refused
     with the engine's message naming the model and the fix. max_downsample does not apply to DiTs.
     """
@@ -146,7 +146,7 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any]) -> tuple:
         info = dict(config.as_dict(), base_downsample=base_downsample_of(model), model_type=model_type)
         return patched, {"tome": [info]}
     patched = patch_dit_model_patcher(model, config)
-    nominal_grid = (21, 60, 104) if family == "wan" else (64, 64)  # 480p 81 frames / 1024^2: the window
+    nominal_grid = (21, 60, 104) if family in ("wan", "hunyuan_video") else (64, 64)  # 480p 81 frames / 1024^2
     count = block_count(model)
     info = dict(config.as_dict(), base_downsample=1, model_type=model_type, family=family,
                 kv_window=list(dit_window(config.ratio, nominal_grid, config.sx, config.sy)),
@@ -160,7 +160,7 @@ class ToMe:
     NODE_ID = "TomeCoreToMe"
     DISPLAY_NAME = "ToMe (token merging)"
     DESCRIPTION = ("Token Merging: speeds up SD1.x/SD2.x/SDXL sampling by merging similar image tokens in "
-                   "self-attention, and Flux/SD3/Wan by keeping fewer image keys/values (mode kv); put it "
+                   "self-attention, and Flux/SD3/Wan/HunyuanVideo by keeping fewer image keys/values (mode kv); put it "
                    "between the model loader and the sampler.")
     CATEGORY = CATEGORY
     RETURN_TYPES = ("MODEL",)

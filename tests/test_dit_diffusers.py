@@ -1,4 +1,4 @@
-"""Mode "kv" on real diffusers DiTs (Flux, SD3/3.5, Wan), reduced in size, seeded weights."""
+"""Mode "kv" on real diffusers DiTs (Flux, SD3/3.5, Wan, HunyuanVideo), reduced in size, seeded weights."""
 from __future__ import annotations
 
 import pytest
@@ -60,7 +60,28 @@ def wan(frames: int = 5, h: int = 10, w: int = 6, batch: int = 1):
     return model, inputs, dict(prefix=0, suffix=0, grid=(frames, h // 2, w // 2))
 
 
-FAMILIES = {"flux": flux, "sd3": sd3, "wan": wan}
+def hunyuan_video(frames: int = 3, h: int = 6, w: int = 10, batch: int = 1, text: int = 7):
+    """[image, text] joint attention (text last, its two padding tokens masked), after a text refiner."""
+    model = _seed_weights(diffusers.HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1,
+        num_single_layers=2, num_refiner_layers=1, mlp_ratio=2.0, patch_size=2, patch_size_t=1,
+        text_embed_dim=32, pooled_projection_dim=32, rope_axes_dim=(4, 6, 6)))
+    g = torch.Generator().manual_seed(1)
+    mask = torch.ones(batch, text, dtype=torch.long)
+    mask[:, -2:] = 0
+    inputs = dict(hidden_states=torch.randn(batch, 4, frames, h, w, generator=g), timestep=torch.full((batch,), 600.0),
+                  encoder_hidden_states=torch.randn(batch, text, 32, generator=g), encoder_attention_mask=mask,
+                  pooled_projections=torch.randn(batch, 32, generator=g), guidance=torch.full((batch,), 6000.0))
+    return model, inputs, dict(prefix=0, suffix=text, grid=(frames, h // 2, w // 2))
+
+
+FAMILIES = {"flux": flux, "sd3": sd3, "wan": wan, "hunyuan_video": hunyuan_video}
+
+
+def first_over_layout(calls, where) -> int:
+    """Index of the first attention whose keys span the whole layout (HunyuanVideo's text refiner comes first)."""
+    length = where["prefix"] + int(torch.tensor(where["grid"]).prod()) + where["suffix"]
+    return next(i for i, (_, k, _) in enumerate(calls) if k.shape[-2] == length)
 
 
 def run(model, inputs) -> torch.Tensor:
@@ -117,8 +138,9 @@ def test_queries_and_text_untouched_image_keys_are_real_picks(family):
     _, patched = spied(model, inputs)
     state = model.__dict__[STATE_ATTR]
     assert len(patched) == len(vanilla) and state.reduced_calls > 0
-    q0, k0, v0 = vanilla[0]
-    q1, k1, v1 = patched[0]  # the first attention: same inputs with and without the patch
+    first = first_over_layout(vanilla, where)
+    q0, k0, v0 = vanilla[first]
+    q1, k1, v1 = patched[first]  # the first attention over the layout: same inputs with and without the patch
     assert torch.equal(q0, q1)
     pre, suf = where["prefix"], where["suffix"]
     n = k0.shape[-2]
@@ -139,7 +161,8 @@ def test_queries_and_text_untouched_image_keys_are_real_picks(family):
 
 
 @pytest.mark.parametrize("family,size", [("flux", dict(h=5, w=3)), ("sd3", dict(h=6, w=10)),
-                                         ("wan", dict(frames=3, h=6, w=10)), ("wan", dict(frames=1, h=6, w=6))])
+                                         ("wan", dict(frames=3, h=6, w=10)), ("wan", dict(frames=1, h=6, w=6)),
+                                         ("hunyuan_video", dict(frames=5, h=6, w=10))])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_odd_sizes_and_batches(family, size, batch):
     model, inputs, where = FAMILIES[family](batch=batch, **size)
@@ -257,6 +280,9 @@ def test_a_non_sdpa_attention_backend_is_refused_not_silently_ignored():
     ("sd3", 0.0, 0.5, [True, True, False], ["transformer_blocks.0"]),
     # Wan: per block self-attention, then cross-attention (text keys: never reduced)
     ("wan", 0.5, 1.0, [False, False, True, False], ["blocks.1"]),
+    # HunyuanVideo: the text refiner's attention (never reduced), then 1 double + 2 single blocks
+    ("hunyuan_video", 0.34, 1.0, [False, False, True, True], ["single_transformer_blocks.0",
+                                                              "single_transformer_blocks.1"]),
 ])
 def test_block_range_reduces_exactly_the_blocks_in_it(family, start, end, reduced, hooked):
     """Checked on the keys each attention really gets: full length outside the range, shorter inside."""

@@ -39,7 +39,7 @@ def apply_patch(
         (what the WebUI holds), or an LDM-style UNet.
     The first nine arguments mean what they mean in tomesd (see ``ToMeConfig``), except that
     ``max_downsample`` counts from the model's first attention level, so SDXL is merged too.
-    DiTs (Flux, SD3/3.5, Wan) take mode "kv" only; block_start/block_end pick the share of their
+    DiTs (Flux, SD3/3.5, Wan, HunyuanVideo) take mode "kv" only; block_start/block_end pick the share of their
     blocks, in depth order, that is reduced (UNets refuse a range: max_downsample picks their levels).
     Applying again replaces the previous patch. Bad values raise before anything is patched.
     """
@@ -50,7 +50,7 @@ def apply_patch(
         block_start=block_start, block_end=block_end,
     )
     dit = diffusers_dit.find_dit(model)
-    if dit is not None:  # Flux, SD3/3.5, Wan: mode "kv" through per-attention hooks (tome_core/dit)
+    if dit is not None:  # Flux, SD3/3.5, Wan, HunyuanVideo: mode "kv" through per-attention hooks (tome_core/dit)
         diffusers_dit.check_config(dit, config)
         remove_patch(model)
         diffusers_dit.install(dit, config)

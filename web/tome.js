@@ -44,7 +44,7 @@ export function findLatentSize(node, graph) {
   return null;
 }
 
-// A DiT (Flux, SD3, Wan) has no UNet levels: the last run's kv window on its image/video tokens.
+// A DiT (Flux, SD3, Wan, HunyuanVideo) has no UNet levels: the last run's kv window on its image/video tokens.
 export function ditLines(lastRun) {
   const window = lastRun.kv_window ?? [];
   const kept = window.reduce((a, b) => a * b, 1);

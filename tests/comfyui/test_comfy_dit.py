@@ -1,4 +1,4 @@
-"""Mode "kv" on ComfyUI's own DiT classes (Flux, MMDiT/SD3, Wan), in process, sampled by ComfyUI.
+"""Mode "kv" on ComfyUI's own DiT classes (Flux, MMDiT/SD3, Wan, HunyuanVideo), in process, sampled by ComfyUI.
 
 Reduced-size models built from comfy.supported_models / comfy.ldm classes with seeded weights,
 patched with tome_core.dit.comfy_dit.patch_dit_model_patcher and sampled with comfy.sample.sample,
@@ -52,7 +52,7 @@ def flux(comfy):
     latent = torch.zeros(1, 16, 10, 13)  # 5 x 7 patches: odd sides
     cond = [[torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(1)),
              {"pooled_output": torch.randn(1, 32, generator=torch.Generator().manual_seed(2)), "guidance": 3.5}]]
-    return patcher, latent, cond, dict(prefix=5, grid=35)
+    return patcher, latent, cond, dict(prefix=5, grid=35, suffix=0)
 
 
 def sd3(comfy):
@@ -63,7 +63,7 @@ def sd3(comfy):
     latent = torch.zeros(1, 16, 12, 10)
     cond = [[torch.randn(1, 6, 32, generator=torch.Generator().manual_seed(1)),
              {"pooled_output": torch.randn(1, 32, generator=torch.Generator().manual_seed(2))}]]
-    return patcher, latent, cond, dict(prefix=6, grid=30)
+    return patcher, latent, cond, dict(prefix=6, grid=30, suffix=0)
 
 
 def wan(comfy):
@@ -72,10 +72,29 @@ def wan(comfy):
         text_dim=32, out_dim=16, num_heads=2, num_layers=2))
     latent = torch.zeros(1, 16, 3, 6, 10)  # 3 frames: not a multiple of a 2-frame window
     cond = [[torch.randn(1, 7, 32, generator=torch.Generator().manual_seed(1)), {}]]
-    return patcher, latent, cond, dict(prefix=0, grid=45)
+    return patcher, latent, cond, dict(prefix=0, grid=45, suffix=0)
 
 
-FAMILIES = {"flux": flux, "sd3": sd3, "wan": wan}
+def hunyuan_video(comfy):
+    """[image, text] joint attention (text last), after a text refiner whose self-attention sees text only."""
+    patcher = _patcher(comfy, comfy.supported_models.HunyuanVideo, dict(
+        image_model="hunyuan_video", in_channels=16, patch_size=[1, 2, 2], out_channels=16, vec_in_dim=32,
+        context_in_dim=32, hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=2,
+        axes_dim=[4, 6, 6], theta=256, qkv_bias=True, guidance_embed=True, byt5=False, meanflow=False,
+        use_cond_type_embedding=False, vision_in_dim=None))
+    latent = torch.zeros(1, 16, 3, 6, 10)
+    cond = [[torch.randn(1, 7, 32, generator=torch.Generator().manual_seed(1)),
+             {"pooled_output": torch.randn(1, 32, generator=torch.Generator().manual_seed(2)), "guidance": 6.0}]]
+    return patcher, latent, cond, dict(prefix=0, grid=45, suffix=7)
+
+
+FAMILIES = {"flux": flux, "sd3": sd3, "wan": wan, "hunyuan_video": hunyuan_video}
+
+
+def first_over_layout(calls, where) -> int:
+    """Index of the first attention whose keys span the whole layout (HunyuanVideo's text refiner comes first)."""
+    length = where["prefix"] + where["grid"] + where["suffix"]
+    return next(i for i, (_, k, _, skip) in enumerate(calls) if k.shape[2 if skip else 1] == length)
 
 
 def sample(comfy, patcher, latent, cond, steps: int = 2) -> torch.Tensor:
@@ -128,16 +147,18 @@ def test_text_and_queries_untouched_and_overrides_chain(comfy, family, order):
         patched_calls = spy_on(patched)
     sample(comfy, patched, latent, cond, steps=1)
     assert len(vanilla) == len(patched_calls) > 0
-    q0, k0, v0, skip = vanilla[0]
-    q1, k1, v1, _ = patched_calls[0]
+    first = first_over_layout(vanilla, where)
+    q0, k0, v0, skip = vanilla[first]
+    q1, k1, v1, _ = patched_calls[first]
     seq = 2 if skip else 1
     assert torch.equal(q0, q1)
-    n, pre = k0.shape[seq], where["prefix"]
-    assert n == pre + where["grid"] and k1.shape[seq] < n
-    assert torch.equal(k1.narrow(seq, 0, pre), k0.narrow(seq, 0, pre))
-    assert torch.equal(v1.narrow(seq, 0, pre), v0.narrow(seq, 0, pre))
-    img0 = k0.narrow(seq, pre, n - pre).movedim(seq, 1).flatten(2)[0]
-    img1 = k1.narrow(seq, pre, k1.shape[seq] - pre).movedim(seq, 1).flatten(2)[0]
+    n, m, pre, suf = k0.shape[seq], k1.shape[seq], where["prefix"], where["suffix"]
+    assert m < n
+    for kept, full in ((k1, k0), (v1, v0)):  # text (before or after the grid) untouched
+        assert torch.equal(kept.narrow(seq, 0, pre), full.narrow(seq, 0, pre))
+        assert torch.equal(kept.narrow(seq, m - suf, suf), full.narrow(seq, n - suf, suf))
+    img0 = k0.narrow(seq, pre, n - pre - suf).movedim(seq, 1).flatten(2)[0]
+    img1 = k1.narrow(seq, pre, m - pre - suf).movedim(seq, 1).flatten(2)[0]
     match = (img1[:, None] == img0[None]).all(-1)
     assert (match.sum(1) >= 1).all() and match.float().argmax(1).unique().numel() == img1.shape[0]
     for a, b in zip(vanilla, patched_calls):
@@ -216,6 +237,8 @@ def test_the_v3_node_gives_the_v1_image_on_a_dit(comfy, tome_package):
     ("flux", 0.0, 0.5, [True, True, False], [2, 3]),  # 1 double + 2 single blocks: centres 1/6, 1/2, 5/6
     ("sd3", 0.5, 1.0, [False, False, True], [1, 2]),  # block 0: joint, then SD3.5's image-only attention
     ("wan", 0.0, 0.5, [True, False, False, False], [1, 2]),  # per block: self-, then cross-attention
+    # the text refiner's 2 self-attentions (text only, never reduced), then 1 double + 2 single blocks
+    ("hunyuan_video", 0.34, 1.0, [False, False, False, True, True], [2, 3]),
 ])
 def test_the_advanced_node_reduces_only_its_block_range(comfy, tome_package, family, start, end, reduced, blocks):
     """Checked on the keys each attention call really gets (a spy chained after ToMe's override)."""
@@ -251,3 +274,109 @@ def test_a_block_range_is_refused_on_a_unet_and_when_it_holds_no_block(comfy, to
     with pytest.raises(ValueError, match="BaseModel is a UNet, whose levels max_downsample chooses"):
         tome_nodes.ToMeAdvanced().patch(unet, **values, block_end=0.5)
     assert not unet.model_options.get("transformer_options", {}).get("patches")
+
+
+def test_the_block_comes_from_the_models_block_report_not_a_count(comfy):
+    """Flux reports block_type/block_index in transformer_options: with double block 0 replaced by another
+    patch that skips it (no attention call), the single blocks keep their depth index 1 and 2. Counting
+    the attention calls instead would take single block 0 for block 0 and leave it unreduced."""
+    patcher, latent, cond, _ = flux(comfy)
+    base = patcher.clone()
+    base.set_model_patch_replace(lambda args, extra: {"img": args["img"], "txt": args["txt"]},
+                                 "dit", "double_block", 0)
+    vanilla_patcher = base.clone()
+    vanilla = spy_on(vanilla_patcher)
+    sample(comfy, vanilla_patcher, latent, cond, steps=1)
+    calls = spy_on(base)
+    patched = patch_dit_model_patcher(base, ToMeConfig(ratio=0.5, mode="kv", block_start=0.34))
+    sample(comfy, patched, latent, cond, steps=1)
+    seq = [2 if call[3] else 1 for call in vanilla]
+    assert len(vanilla) == len(calls) == 2  # the two single blocks
+    assert [b[1].shape[s] < a[1].shape[s] for a, b, s in zip(vanilla, calls, seq)] == [True, True]
+
+
+def test_flux_reference_latent_tokens_after_the_grid_are_kept_whole(comfy):
+    """Flux Kontext appends reference-image tokens after the grid ([text, image, reference]): the image grid
+    is reduced, every reference key/value is kept."""
+    patcher, latent, cond, where = flux(comfy)
+    reference = torch.randn(1, 16, 6, 8, generator=torch.Generator().manual_seed(5))  # 3 x 4 = 12 tokens
+    cond = [[cond[0][0], dict(cond[0][1], reference_latents=[reference])]]
+    vanilla_patcher = patcher.clone()
+    vanilla = spy_on(vanilla_patcher)
+    sample(comfy, vanilla_patcher, latent, cond, steps=1)
+    base = patcher.clone()
+    calls = spy_on(base)
+    sample(comfy, patch_dit_model_patcher(base, ToMeConfig(ratio=0.5, mode="kv")), latent, cond, steps=1)
+    q0, k0, v0, skip = vanilla[0]
+    q1, k1, v1, _ = calls[0]
+    seq, refs = 2 if skip else 1, 12
+    n, m = k0.shape[seq], k1.shape[seq]
+    assert n == where["prefix"] + where["grid"] + refs and m < n and torch.equal(q0, q1)
+    for kept, full in ((k1, k0), (v1, v0)):
+        assert torch.equal(kept.narrow(seq, 0, where["prefix"]), full.narrow(seq, 0, where["prefix"]))
+        assert torch.equal(kept.narrow(seq, m - refs, refs), full.narrow(seq, n - refs, refs))
+
+
+@pytest.mark.parametrize("order", ["tome_first", "easycache_first"])
+def test_composes_with_easycache_in_either_order(comfy, caplog, order):
+    """ComfyUI's EasyCache (OUTER_SAMPLE / CALC_COND_BATCH / DIFFUSION_MODEL wrappers, skipping whole model
+    calls) and ToMe's APPLY_MODEL wrapper: the same image in either node order, EasyCache's own image at
+    ratio 0, and with ratio 0.5 both act: steps skipped and attention calls reduced."""
+    from comfy_extras.nodes_easycache import EasyCacheNode
+
+    patcher, latent, cond, _ = wan(comfy)
+
+    def easycache(model):
+        return EasyCacheNode.execute(model, reuse_threshold=3.0, start_percent=0.0, end_percent=1.0,
+                                     verbose=False).result[0]
+
+    def tome(model, ratio):
+        return patch_dit_model_patcher(model, ToMeConfig(ratio=ratio, mode="kv"))
+
+    def run(model):
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            image = sample(comfy, model, latent, cond, steps=6)
+        skipped = [r.getMessage() for r in caplog.records if "EasyCache - skipped" in r.getMessage()]
+        assert skipped, "EasyCache did not run"
+        return image, int(skipped[-1].split("skipped ")[1].split("/")[0])
+
+    cached_only, skips = run(easycache(patcher))
+    assert skips > 0
+    first = (lambda r: easycache(tome(patcher, r))) if order == "tome_first" else (lambda r: tome(easycache(patcher), r))
+    off, off_skips = run(first(0.0))
+    assert torch.equal(off, cached_only) and off_skips == skips
+    both = first(0.5)
+    spy = spy_on(both)
+    image, both_skips = run(both)
+    assert both_skips > 0 and torch.isfinite(image).all() and not torch.equal(image, cached_only)
+    assert any(call[1].shape[1] < 45 for call in spy)  # self-attention keys of the 45-token video grid, reduced
+    other = (lambda r: tome(easycache(patcher), r)) if order == "tome_first" else (lambda r: easycache(tome(patcher, r)))
+    assert torch.equal(run(other(0.5))[0], image)
+
+
+@pytest.mark.parametrize("backend", ["attention_basic", "attention_split", "attention_sub_quad", "attention_pytorch"])
+@pytest.mark.parametrize("skip_reshape", [False, True])
+def test_every_attention_backend_comfyui_can_select_gets_the_shortened_keys(comfy, backend, skip_reshape):
+    """ComfyUI picks one attention function at start-up (--use-split-cross-attention, --use-quad-cross-attention,
+    --use-pytorch-cross-attention, or the basic one; xformers/sage/flash on CUDA): each is wrapped by wrap_attn,
+    so ToMe's override reaches it, and it computes exactly the attention over the kept keys/values."""
+    import comfy.ldm.modules.attention as attention
+    from tome_core.dit.comfy_dit import FAMILIES, DiTKVPatch
+    from tome_core.dit.grid import TokenLayout
+
+    function = getattr(attention, backend)
+    layout = TokenLayout((4, 5), prefix=3)
+    state = DiTKVPatch(ToMeConfig(ratio=0.5, mode="kv"), sigma_high=1.0, sigma_low=0.0, family=FAMILIES["Flux"],
+                       block_offsets={"double": 0})
+    keep = state.keep_for(layout, 0.5, torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    shape = (2, 2, layout.length, 8) if skip_reshape else (2, layout.length, 16)
+    q, k, v = (torch.randn(shape, generator=g) for _ in range(3))
+    options = {OVERRIDE: state.override(layout, keep, -1, previous=None), "block_type": "double", "block_index": 0}
+    out = function(q, k, v, 2, skip_reshape=skip_reshape, transformer_options=options)
+    seq = 2 if skip_reshape else 1
+    expected = function(q, k.index_select(seq, keep), v.index_select(seq, keep), 2, skip_reshape=skip_reshape)
+    assert state.reduced_calls == 1 and keep.numel() < layout.length
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(out, function(q, k, v, 2, skip_reshape=skip_reshape), atol=1e-4)

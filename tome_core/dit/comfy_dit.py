@@ -1,4 +1,4 @@
-"""Mode "kv" on ComfyUI's DiTs (Flux, SD3/MMDiT, Wan) through its public patch API; duck typed, no comfy import.
+"""Mode "kv" on ComfyUI's DiTs (Flux, SD3/MMDiT, Wan, HunyuanVideo) through its public patch API; duck typed, no comfy import.
 
 Two host mechanisms, both per patched clone: an APPLY_MODEL wrapper (``add_wrapper_with_key``,
 chained by ComfyUI itself) reads the latent and text shapes and the sigma of each model call, and
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -26,15 +27,40 @@ OVERRIDE = "optimized_attention_override"
 WRAPPER_KEY = "tome_dit_kv"
 APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 
-# diffusion_model class -> (family, text position). Flux: [text, image] (comfy/ldm/flux/layers.py,
-# model.py); MMDiT: [context, x] (mmdit.py: _block_mixing); Wan: self-attention on video tokens only.
-FAMILIES: Dict[str, Tuple[str, str]] = {
-    "Flux": ("flux", "first"),
-    "OpenAISignatureMMDITWrapper": ("sd3", "first"),
-    "MMDiT": ("sd3", "first"),
-    "WanModel": ("wan", "none"),
-    "VaceWanModel": ("wan", "none"),
-    "CameraWanModel": ("wan", "none"),
+@dataclass(frozen=True)
+class ComfyFamily:
+    """How one of ComfyUI's DiT classes lays out its attention sequence and orders its blocks.
+
+    text_first: the text tokens precede the image grid in the joint attention (Flux, MMDiT), follow it
+        (HunyuanVideo: [image, text]) or are absent from self-attention (Wan).
+    blocks: the model's block lists in the order they run (the block range's depth order).
+    reports_blocks: the model sets transformer_options["block_type"/"block_index"] around each block
+        (comfy/ldm/flux/model.py, hunyuan_video/model.py), so a call's block is read, not counted.
+    """
+
+    name: str
+    text: str  # "first", "last" or "none"
+    blocks: Tuple[str, ...]
+    reports_blocks: bool = False
+
+
+_FLUX = ComfyFamily("flux", "first", ("double_blocks", "single_blocks"), reports_blocks=True)
+_SD3 = ComfyFamily("sd3", "first", ("joint_blocks",))  # mmdit.py: _block_mixing concatenates [context, x]
+# Wan: VACE runs its vace_blocks between the main ones, so its depth order is the order of the calls.
+_WAN = ComfyFamily("wan", "none", ("blocks", "vace_blocks"))
+# HunyuanVideo (and 1.5, HunyuanImage 2.1: same class): DoubleStreamBlock(flipped_img_txt=True) and the
+# single blocks see [image, text]; its text grows inside the model (byT5, vision tokens), so the tokens
+# after the grid are kept whole, whatever their number.
+_HUNYUAN = ComfyFamily("hunyuan_video", "last", ("double_blocks", "single_blocks"), reports_blocks=True)
+
+FAMILIES: Dict[str, ComfyFamily] = {
+    "Flux": _FLUX,
+    "OpenAISignatureMMDITWrapper": _SD3,
+    "MMDiT": _SD3,
+    "WanModel": _WAN,
+    "VaceWanModel": _WAN,
+    "CameraWanModel": _WAN,
+    "HunyuanVideo": _HUNYUAN,
 }
 
 
@@ -43,7 +69,7 @@ def _diffusion_model(patcher: Any) -> Any:
     return getattr(model, "diffusion_model", None)
 
 
-def _family_entry(diffusion_model: Any) -> Optional[Tuple[str, str]]:
+def _family_entry(diffusion_model: Any) -> Optional[ComfyFamily]:
     """FAMILIES entry of a diffusion model, seen through torch.compile's OptimizedModule.
 
     TorchCompileModel's APPLY_MODEL wrapper swaps ``diffusion_model`` for the compiled module while
@@ -53,9 +79,9 @@ def _family_entry(diffusion_model: Any) -> Optional[Tuple[str, str]]:
 
 
 def dit_family(patcher: Any) -> Optional[str]:
-    """The family ("flux", "sd3", "wan") of the patcher's diffusion model, or None for anything else."""
+    """The family ("flux", "sd3", "wan", "hunyuan_video") of the patcher's diffusion model, or None."""
     entry = _family_entry(_diffusion_model(patcher))
-    return entry[0] if entry else None
+    return entry.name if entry else None
 
 
 def _host_has_override() -> bool:
@@ -63,35 +89,55 @@ def _host_has_override() -> bool:
     return attention is None or hasattr(attention, "wrap_attn")  # wrap_attn is what calls the override
 
 
-def _layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tensor]) -> Optional[TokenLayout]:
-    """Token layout of one model call from the latent x [B, C, (T,) H, W], the text and the patch size."""
-    entry = _family_entry(diffusion_model)
-    if entry is None:
-        return None
-    text_at = entry[1]
+def _grid(diffusion_model: Any, latent: torch.Tensor) -> Optional[Tuple[int, ...]]:
+    """Token grid of a latent [B, C, (T,) H, W] after the model's patch embedding (the host pads to the patch)."""
     patch = diffusion_model.patch_size
-    patch = tuple(patch) if isinstance(patch, (tuple, list)) else (patch,) * (x.ndim - 2)
-    if len(patch) != x.ndim - 2:
+    patch = tuple(patch) if isinstance(patch, (tuple, list)) else (patch,) * (latent.ndim - 2)
+    if len(patch) != latent.ndim - 2:
         return None
-    grid = tuple(math.ceil(n / p) for n, p in zip(x.shape[2:], patch))  # the host pads to the patch size
-    if text_at == "none":
+    return tuple(math.ceil(n / p) for n, p in zip(latent.shape[2:], patch))
+
+
+def _layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tensor],
+            reference: Optional[torch.Tensor] = None) -> Optional[TokenLayout]:
+    """Token layout of one model call from the latent x, the text and the patch size.
+
+    Tokens after the grid (HunyuanVideo's text, Flux Kontext's reference images) are not part of the
+    layout: the override keeps them whole, whatever their number. HunyuanVideo puts reference-latent
+    tokens (``ref_latent``) before its grid: they become the prefix, kept whole too.
+    """
+    entry = _family_entry(diffusion_model)
+    grid = None if entry is None else _grid(diffusion_model, x)
+    if grid is None:
+        return None
+    if entry.text == "none":
         return TokenLayout(grid)
+    if entry.text == "last":
+        if reference is None:
+            return TokenLayout(grid)
+        ref_grid = _grid(diffusion_model, reference)
+        return None if ref_grid is None else TokenLayout(grid, prefix=math.prod(ref_grid))
     if context is None:
         return None
     return TokenLayout(grid, prefix=context.shape[1] + int(getattr(diffusion_model, "register_length", 0) or 0))
 
 
-# Where each family keeps its blocks, in the order they run (comfy/ldm/flux/model.py, mmdit.py, wan/model.py;
-# VACE runs its vace_blocks between the main ones, so for it the depth order is the order of the calls).
-_BLOCK_LISTS = {"flux": ("double_blocks", "single_blocks"), "sd3": ("joint_blocks",), "wan": ("blocks", "vace_blocks")}
-
-
 def block_count(patcher_or_model: Any) -> int:
     """The blocks of a patcher's (or diffusion model's) DiT, in the sense of the block range."""
+    return sum(_block_offsets(patcher_or_model)[1].values())
+
+
+def _block_offsets(patcher_or_model: Any) -> Tuple[Dict[str, int], Dict[str, int]]:
+    """Per block type ("double", "single", "joint", ...): the depth index of its first block, and its count."""
     model = _diffusion_model(patcher_or_model) if hasattr(patcher_or_model, "model") else patcher_or_model
     model = getattr(model, "_orig_mod", model)
     entry = _family_entry(model)
-    return 0 if entry is None else sum(len(getattr(model, name, None) or ()) for name in _BLOCK_LISTS[entry[0]])
+    offsets: Dict[str, int] = {}
+    counts: Dict[str, int] = {}
+    for name in entry.blocks if entry else ():
+        kind = name[: -len("_blocks")] if name.endswith("_blocks") else name
+        offsets[kind], counts[kind] = sum(counts.values()), len(getattr(model, name, None) or ())
+    return offsets, counts
 
 
 def blocks_on(diffusion_model: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...]]:
@@ -115,42 +161,56 @@ def blocks_on(diffusion_model: Any, config: ToMeConfig) -> Optional[Tuple[bool, 
 class DiTKVPatch(KVPatchState):
     """The state of one patched clone: config, sigma window, block choice and the per-step kept indices."""
 
-    def __init__(self, config: ToMeConfig, sigma_high: float, sigma_low: float,
-                 blocks: Optional[Tuple[bool, ...]] = None) -> None:
+    def __init__(self, config: ToMeConfig, sigma_high: float, sigma_low: float, family: ComfyFamily,
+                 blocks: Optional[Tuple[bool, ...]] = None, block_offsets: Optional[Dict[str, int]] = None) -> None:
         super().__init__(config)
         self.sigma_high, self.sigma_low = sigma_high, sigma_low
+        self.family = family
         self.blocks_on = blocks
+        self.block_offsets = block_offsets or {}
 
     def override(self, layout: TokenLayout, keep: torch.Tensor, ambiguous: int,
-                 previous: Optional[Callable], blocks_on: Optional[Tuple[bool, ...]] = None) -> Callable:
+                 previous: Optional[Callable]) -> Callable:
         """The optimized_attention_override for one model call; chains ``previous``.
 
-        blocks_on: per block in depth order, whether ToMe reduces it (None: every block). The
-        self-attentions over the layout come one per block in depth order (Flux: double, then single
-        blocks; MMDiT: joint blocks; Wan: its blocks), so their count in this call is the block index.
+        Which block a call belongs to: where the model reports it (Flux, HunyuanVideo set
+        ``block_type``/``block_index`` in transformer_options around each block), from that; elsewhere
+        (MMDiT, Wan) the self-attentions over the layout come one per block in depth order, so their
+        count in this call is the block index. A block outside ``blocks_on`` is left alone.
         """
-        seen = [0]  # self-attentions over the layout so far in this model call
+        seen = [0]  # self-attentions over the layout so far in this model call (counted families)
+        family, offsets, blocks_on = self.family, self.block_offsets, self.blocks_on
+        end = layout.prefix + layout.grid_tokens  # the grid's end: later tokens (text, references) are kept
+
+        def block_of(kwargs: dict, n: int) -> Optional[int]:
+            """Depth index of the block making this self-attention over n tokens, None where ToMe leaves it."""
+            options = kwargs.get("transformer_options")
+            kind = options.get("block_type") if isinstance(options, dict) else None
+            if family.reports_blocks and kind in offsets:
+                return offsets[kind] + int(options.get("block_index", 0)) if n >= end else None
+            if family.text == "last" or n != layout.length or n == ambiguous:
+                # No block report: [image, text] cannot be told from the text refiner's self-attention, and a
+                # cross-attention whose text has the layout's length cannot be told from self-attention.
+                return None
+            index, seen[0] = seen[0], seen[0] + 1
+            return index
 
         def tome_kv_override(func: Callable, *args: Any, **kwargs: Any) -> Any:
             args = list(args)
             q, k, v = args[:3] if len(args) >= 3 else (kwargs.get("q"), kwargs.get("k"), kwargs.get("v"))
             seq = 2 if kwargs.get("skip_reshape", False) else 1
-            n = layout.length
-            # Self-attention over exactly this layout only; a cross-attention whose text happens to have
-            # the same length cannot be told apart, so that length is left alone (``ambiguous``).
-            block_on = False
-            if q is not None and n != ambiguous and q.shape[seq] == k.shape[seq] == v.shape[seq] == n:
-                index, seen[0] = seen[0], seen[0] + 1
-                block_on = blocks_on is None or (index < len(blocks_on) and blocks_on[index])
-            if block_on:
-                k, v = k.index_select(seq, keep), v.index_select(seq, keep)
+            n = k.shape[seq] if k is not None else -1
+            index = block_of(kwargs, n) if q is not None and q.shape[seq] == n == v.shape[seq] else None
+            if index is not None and (blocks_on is None or (index < len(blocks_on) and blocks_on[index])):
+                kept = keep if n == layout.length else torch.cat([keep, torch.arange(layout.length, n, device=keep.device)])
+                k, v = k.index_select(seq, kept), v.index_select(seq, kept)
                 if len(args) >= 3:
                     args[1], args[2] = k, v
                 else:
                     kwargs["k"], kwargs["v"] = k, v
                 mask = kwargs.get("mask")
                 if isinstance(mask, torch.Tensor) and mask.shape[-1] == n:
-                    kwargs["mask"] = mask.index_select(-1, keep)
+                    kwargs["mask"] = mask.index_select(-1, kept)
                 if not torch.compiler.is_compiling():  # a diagnostic count; in traced code an int guard, a recompile
                     self.reduced_calls += 1
             if previous is not None:
@@ -164,11 +224,11 @@ class DiTKVPatch(KVPatchState):
                             **kwargs: Any) -> Any:
         """APPLY_MODEL wrapper: set our override for this call only, restore what was there afterwards."""
         options = transformer_options if transformer_options is not None else {}
-        plan = self._plan(executor.class_obj, x, t, c_crossattn)
+        plan = self._plan(executor.class_obj, x, t, c_crossattn, kwargs.get("ref_latent"))
         if plan is None:
             return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
         had, previous = OVERRIDE in options, options.get(OVERRIDE)
-        options[OVERRIDE] = self.override(*plan, previous=previous, blocks_on=self.blocks_on)
+        options[OVERRIDE] = self.override(*plan, previous=previous)
         try:
             return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
         finally:
@@ -177,11 +237,13 @@ class DiTKVPatch(KVPatchState):
             else:
                 options.pop(OVERRIDE, None)
 
-    def _plan(self, base_model: Any, x: torch.Tensor, t: Any, context: Any) -> Optional[Tuple]:
+    def _plan(self, base_model: Any, x: torch.Tensor, t: Any, context: Any, reference: Any = None) -> Optional[Tuple]:
         config = self.config
         if not config.enabled:
             return None
-        layout = _layout(base_model.diffusion_model, x, context if isinstance(context, torch.Tensor) else None)
+        context = context if isinstance(context, torch.Tensor) else None
+        layout = _layout(base_model.diffusion_model, x, context,
+                         reference if isinstance(reference, torch.Tensor) else None)
         if layout is None or layout.grid_tokens < max(config.min_tokens, 2):
             return None
         if all(s == 1 for s in dit_window(config.ratio, layout.grid, config.sx, config.sy)):
@@ -190,8 +252,7 @@ class DiTKVPatch(KVPatchState):
         sigma = float(t.detach().max()) if isinstance(t, torch.Tensor) else float(t)
         if not self.sigma_low <= sigma <= self.sigma_high:
             return None
-        text = context.shape[1] if isinstance(context, torch.Tensor) else -1
-        ambiguous = text if layout.prefix == 0 and layout.suffix == 0 else -1
+        ambiguous = context.shape[1] if context is not None and self.family.text == "none" else -1
         if layout.length == ambiguous:
             self.warn_once("ambiguous", f"ToMe: {layout.grid_tokens} video tokens equal the text length; "
                            "this size is left unreduced (self- and cross-attention cannot be told apart).")
@@ -209,7 +270,7 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     if _family_entry(diffusion_model) is None:
         name = type(getattr(diffusion_model, "_orig_mod", diffusion_model)).__name__
         raise TypeError(f"ToMe: {name} is not a DiT that ToMe's kv mode can reach in ComfyUI; supported: "
-                        f"Flux, SD3/SD3.5 (MMDiT), Wan 2.x. UNet models (SD1.x/SD2.x/SDXL) use the UNet patch.")
+                        f"Flux, SD3/SD3.5 (MMDiT), Wan 2.x, HunyuanVideo. UNet models (SD1.x/SD2.x/SDXL) use the UNet patch.")
     check_config(diffusion_model, config)
     chosen = blocks_on(diffusion_model, config)
     if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():
@@ -217,7 +278,8 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
                            "(added in ComfyUI 0.3.6x); update ComfyUI to use ToMe on DiT models.")
     sampling = patcher.get_model_object("model_sampling")
     high, low = float(sampling.percent_to_sigma(config.start_percent)), float(sampling.percent_to_sigma(config.end_percent))
-    state = DiTKVPatch(config, sigma_high=high, sigma_low=low, blocks=chosen)
+    state = DiTKVPatch(config, sigma_high=high, sigma_low=low, family=_family_entry(diffusion_model), blocks=chosen,
+                       block_offsets=_block_offsets(diffusion_model)[0])
     clone = patcher.clone()
     clone.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)  # re-patching replaces, never stacks
     clone.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, state.apply_model_wrapper)

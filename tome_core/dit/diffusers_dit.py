@@ -1,4 +1,4 @@
-"""Mode "kv" on diffusers DiTs (Flux, SD3/3.5, Wan) through per-module hooks; no diffusers import.
+"""Mode "kv" on diffusers DiTs (Flux, SD3/3.5, Wan, HunyuanVideo) through per-module hooks; no diffusers import.
 
 Where to act: these models apply RoPE and concatenate text with image tokens *inside* their
 attention processors, so the only point that sees the final (rotated, concatenated) keys is the

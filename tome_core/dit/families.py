@@ -19,14 +19,6 @@ class Family:
     layout: Callable[[torch.nn.Module, dict], Optional[TokenLayout]]
 
 
-def _flux_attentions(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, str]]:
-    # Double blocks concatenate [text, image] inside the processor; single blocks get them concatenated.
-    found = [(f"transformer_blocks.{i}.attn", b.attn, "joint") for i, b in enumerate(model.transformer_blocks)]
-    found += [(f"single_transformer_blocks.{i}.attn", b.attn, "joint")
-              for i, b in enumerate(model.single_transformer_blocks)]
-    return found
-
-
 def _sd3_attentions(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, str]]:
     found = []
     for i, block in enumerate(model.transformer_blocks):
@@ -38,6 +30,14 @@ def _sd3_attentions(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, 
 
 def _wan_attentions(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, str]]:
     return [(f"blocks.{i}.attn1", b.attn1, "image") for i, b in enumerate(model.blocks)]  # attn2: text only
+
+
+def _double_single_attentions(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, str]]:
+    """Flux and HunyuanVideo: double blocks (text joined inside the processor), then single blocks (joined before)."""
+    found = [(f"transformer_blocks.{i}.attn", b.attn, "joint") for i, b in enumerate(model.transformer_blocks)]
+    found += [(f"single_transformer_blocks.{i}.attn", b.attn, "joint")
+              for i, b in enumerate(model.single_transformer_blocks)]
+    return found
 
 
 def _arg(args: tuple, kwargs: dict, index: int, name: str):
@@ -78,6 +78,17 @@ def _sd3_layout(model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
     return TokenLayout((hidden.shape[-2] // p, hidden.shape[-1] // p), suffix=text.shape[1])
 
 
+def _hunyuan_video_layout(model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
+    """Latent [B, C, F, H, W] -> grid (F/pt, H/p, W/p); HunyuanVideo's joint attention puts its text last
+    (its padded text tokens are masked; the mask's key axis is shortened with the keys)."""
+    args, kwargs = call["args"], call["kwargs"]
+    hidden, text = _arg(args, kwargs, 0, "hidden_states"), _arg(args, kwargs, 2, "encoder_hidden_states")
+    if hidden is None or text is None or hidden.ndim != 5:
+        return None
+    p, pt = model.config.patch_size, model.config.patch_size_t
+    return TokenLayout((hidden.shape[2] // pt, hidden.shape[3] // p, hidden.shape[4] // p), suffix=text.shape[1])
+
+
 def _wan_layout(model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
     """Latent [B, C, F, H, W] -> grid (F/pt, H/ph, W/pw); attn1 sees video tokens only."""
     hidden = _arg(call["args"], call["kwargs"], 0, "hidden_states")
@@ -88,12 +99,14 @@ def _wan_layout(model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
 
 
 FAMILIES: Dict[str, Family] = {
-    "FluxTransformer2DModel": Family("flux", 1.0, _flux_attentions, _flux_layout),
+    "FluxTransformer2DModel": Family("flux", 1.0, _double_single_attentions, _flux_layout),
     "SD3Transformer2DModel": Family("sd3", 1000.0, _sd3_attentions, _sd3_layout),
     "WanTransformer3DModel": Family("wan", 1000.0, _wan_attentions, _wan_layout),
+    "HunyuanVideoTransformer3DModel": Family("hunyuan_video", 1000.0, _double_single_attentions, _hunyuan_video_layout),
 }
 
-TIMESTEP_ARG = {"flux": (3, "timestep"), "sd3": (3, "timestep"), "wan": (1, "timestep")}
+TIMESTEP_ARG = {"flux": (3, "timestep"), "sd3": (3, "timestep"), "wan": (1, "timestep"),
+                "hunyuan_video": (1, "timestep")}
 
 
 def find_dit(model: object) -> Optional[torch.nn.Module]:
