@@ -370,6 +370,11 @@ def test_variant_specs_set_ratio_and_cell():
     assert Variant.parse("kv@0.88:3x3", (0.5,))[0].label == "kv r=0.88 3x3"
     with pytest.raises(ValueError, match="use SXxSY"):
         Variant.parse("kv@0.5:3", (0.5,))
+    assert Variant.parse("kv@0.75+b0.34", (0.5,)) == [Variant("kv", 0.75, None, (0.34, 1.0))]
+    assert Variant.parse("kv@0.75+b0.34", (0.5,))[0].label == "kv r=0.75 b0.34-1"
+    assert Variant.parse("kv@0.5:3x3+b0.2-0.8", (0.5,)) == [Variant("kv", 0.5, (3, 3), (0.2, 0.8))]
+    with pytest.raises(ValueError, match=r"use \+bSTART or \+bSTART-END"):
+        Variant.parse("kv@0.5+bx", (0.5,))
 
 
 def test_math_attention_shows_the_memory_saving_of_fewer_tokens():
@@ -630,6 +635,22 @@ def test_dit_tiny_run_end_to_end(tmp_path):
             assert r["frames"] == 9 and r["latent"] == "3x8x8" and "64x64x9f" in proc.stdout
     md = (out / "results.md").read_text()
     assert md.count("\n| flux ") == 3 and "- **ceiling**:" in md
+
+
+def test_dit_bench_variant_with_a_block_range_reduces_only_those_blocks(tmp_path):
+    """kv@R+bSTART in the DiT bench: the variant patches only its blocks (a tiny Flux, 1 double + 2 single
+    blocks; +b0.34 = the single blocks), so its error differs from every-block kv at the same ratio."""
+    pytest.importorskip("diffusers")
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tome_core", "bench", "--tiny", "--families", "flux", "--methods",
+         "vanilla,kv@0.75,kv@0.75+b0.34", "--repeats", "1", "--no-progress", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["label"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert list(rows) == ["vanilla", "kv r=0.75", "kv r=0.75 b0.34-1"]
+    every, singles = rows["kv r=0.75"], rows["kv r=0.75 b0.34-1"]
+    assert 0 < singles["rel_err_peaked"] and singles["rel_err_peaked"] != every["rel_err_peaked"]
 
 
 def test_dit_block_ranges_report_the_error_of_exactly_the_blocks_reduced():

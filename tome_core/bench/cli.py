@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma list from {', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)}; "
                         f"unavailable ones are skipped; DiT families: vanilla,kv only); METHOD@RATIO runs "
                         f"that method at that ratio only, e.g. kv@0.75, and METHOD@RATIO:SXxSY also sets "
-                        f"its cell, e.g. kv@0.88:3x3. "
+                        f"its cell, e.g. kv@0.88:3x3; a DiT block range follows +b, e.g. kv@0.75+b0.34 "
+                        f"(blocks 0.34..1: Flux's single blocks). "
                         f"{methods}")
     p.add_argument("--batch", type=int, default=None,
                    help="batch size; even = [uncond; cond] CFG halves (default: 2; flux: 1, as it "

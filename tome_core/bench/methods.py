@@ -33,23 +33,34 @@ class Variant:
     method: str
     ratio: float = 0.0
     cell: tuple[int, int] | None = None  # (sx, sy) of this variant; None = the run's default (2, 2)
+    blocks: tuple[float, float] | None = None  # DiTs: (block_start, block_end); None = every block
 
     @property
     def label(self) -> str:
         if self.method == "vanilla":
             return "vanilla"
         cell = f" {self.cell[0]}x{self.cell[1]}" if self.cell else ""
-        return f"{self.method} r={self.ratio:g}{cell}"
+        blocks = f" b{self.blocks[0]:g}-{self.blocks[1]:g}" if self.blocks else ""
+        return f"{self.method} r={self.ratio:g}{cell}{blocks}"
 
     @classmethod
     def parse(cls, entry: str, ratios: tuple[float, ...]) -> list["Variant"]:
-        """'kv' -> kv at every ratio; 'kv@0.75' -> at 0.75 only; 'kv@0.88:3x3' -> with sx=3, sy=3."""
+        """'kv' -> kv at every ratio; 'kv@0.75' -> at 0.75 only; 'kv@0.88:3x3' -> with sx=3, sy=3;
+        'kv@0.75+b0.34' -> DiT blocks 0.34..1 only ('+b0.34-0.8': block_start 0.34, block_end 0.8)."""
+        entry, _, block_text = entry.partition("+b")
         spec, _, cell_text = entry.partition(":")
         method, _, ratio_text = spec.partition("@")
         cell = tuple(int(v) for v in cell_text.lower().split("x")) if cell_text else None
         if cell is not None and len(cell) != 2:
             raise ValueError(f"bad cell {cell_text!r} in {entry!r}: use SXxSY, e.g. kv@0.88:3x3")
-        return [cls(method, r, cell) for r in ((float(ratio_text),) if ratio_text else ratios)]
+        blocks = None
+        if block_text:
+            start, _, end = block_text.partition("-")
+            try:
+                blocks = (float(start), float(end) if end else 1.0)
+            except ValueError:
+                raise ValueError(f"bad block range {block_text!r}: use +bSTART or +bSTART-END, e.g. kv@0.75+b0.34") from None
+        return [cls(method, r, cell, blocks) for r in ((float(ratio_text),) if ratio_text else ratios)]
 
 
 def availability(method: str) -> str | None:
@@ -82,6 +93,8 @@ def patched(unet: torch.nn.Module, variant: Variant, **options) -> Iterator[torc
         return
     if variant.cell is not None:
         options = dict(options, sx=variant.cell[0], sy=variant.cell[1])
+    if variant.blocks is not None:
+        options = dict(options, block_start=variant.blocks[0], block_end=variant.blocks[1])
     if variant.method == "tomesd":
         pkg = importlib.import_module("tomesd")
         options = {k: v for k, v in options.items() if k != "seed"}
