@@ -373,6 +373,7 @@ def test_variant_specs_set_ratio_and_cell():
     assert Variant.parse("kv@0.75+b0.34", (0.5,)) == [Variant("kv", 0.75, None, (0.34, 1.0))]
     assert Variant.parse("kv@0.75+b0.34", (0.5,))[0].label == "kv r=0.75 b0.34-1"
     assert Variant.parse("kv@0.5:3x3+b0.2-0.8", (0.5,)) == [Variant("kv", 0.5, (3, 3), (0.2, 0.8))]
+    assert Variant.parse("kv@0.5+b0", (0.5,))[0].label == "kv r=0.5 b0-1"
     with pytest.raises(ValueError, match=r"use \+bSTART or \+bSTART-END"):
         Variant.parse("kv@0.5+bx", (0.5,))
 
@@ -496,9 +497,9 @@ def test_compiled_patched_unet_over_a_sampling_loop(mode):
                       methods=("vanilla", mode), repeats=1, compile=True)
     unet = build_unet("sd15", "tiny", seed=0)
     inputs = case_inputs(unet, "sd15", (64, 64), cfg)
-    graphs = torch._dynamo.utils.counters["stats"]
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
+    graphs = torch._dynamo.utils.counters["stats"]  # after clear(): counters is a defaultdict, clear() detaches
     counts, errors = [], []
     try:
         with patched(unet, Variant(mode, 0.5), **cfg.patch_options()):
@@ -639,18 +640,19 @@ def test_dit_tiny_run_end_to_end(tmp_path):
 
 def test_dit_bench_variant_with_a_block_range_reduces_only_those_blocks(tmp_path):
     """kv@R+bSTART in the DiT bench: the variant patches only its blocks (a tiny Flux, 1 double + 2 single
-    blocks; +b0.34 = the single blocks), so its error differs from every-block kv at the same ratio."""
+    blocks). +b0 is every block; plain kv is Flux's default range, its single blocks, the same as +b0.34."""
     pytest.importorskip("diffusers")
     out = tmp_path / "bench"
     proc = subprocess.run(
         [sys.executable, "-m", "tome_core", "bench", "--tiny", "--families", "flux", "--methods",
-         "vanilla,kv@0.75,kv@0.75+b0.34", "--repeats", "1", "--no-progress", "--out", str(out)],
+         "vanilla,kv@0.75+b0,kv@0.75,kv@0.75+b0.34", "--repeats", "1", "--no-progress", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["label"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
-    assert list(rows) == ["vanilla", "kv r=0.75", "kv r=0.75 b0.34-1"]
-    every, singles = rows["kv r=0.75"], rows["kv r=0.75 b0.34-1"]
+    assert list(rows) == ["vanilla", "kv r=0.75 b0-1", "kv r=0.75", "kv r=0.75 b0.34-1"]
+    every, default, singles = rows["kv r=0.75 b0-1"], rows["kv r=0.75"], rows["kv r=0.75 b0.34-1"]
     assert 0 < singles["rel_err_peaked"] and singles["rel_err_peaked"] != every["rel_err_peaked"]
+    assert default["rel_err_peaked"] == singles["rel_err_peaked"]
 
 
 def test_dit_block_ranges_report_the_error_of_exactly_the_blocks_reduced():
@@ -667,3 +669,15 @@ def test_dit_block_ranges_report_the_error_of_exactly_the_blocks_reduced():
     assert all(error > 0 for error in errors.values())
     assert errors[(0.0, 1.0)] == max(errors.values())
     assert "0.00-0.50    3 of 6" in format_rows(rows)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ranges", "0.3"], "--ranges takes START-END pairs"),
+    (["--size", "1024"], "--size takes HxW or HxWxFRAMES"),
+    (["--families", "pixart"], "families must be among flux, sd3, wan"),
+])
+def test_dit_blocks_cli_refuses_bad_arguments_with_one_line(capsys, argv, message):
+    from tome_core.bench.dit_blocks import main
+
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
