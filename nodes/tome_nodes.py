@@ -11,13 +11,13 @@ try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
     from ..tome_core.config import KV_DOWNSAMPLES, MODES
     from ..tome_core.dit import dit_window
-    from ..tome_core.dit.comfy_dit import block_count, dit_family, patch_dit_model_patcher
+    from ..tome_core.dit.comfy_dit import block_count, default_block_start, dit_family, patch_dit_model_patcher
     from ..tome_core.model_patcher import base_downsample_of, patch_model_patcher
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.config import KV_DOWNSAMPLES, MODES
     from tome_core.dit import dit_window
-    from tome_core.dit.comfy_dit import block_count, dit_family, patch_dit_model_patcher
+    from tome_core.dit.comfy_dit import block_count, default_block_start, dit_family, patch_dit_model_patcher
     from tome_core.model_patcher import base_downsample_of, patch_model_patcher
 
 CATEGORY = "model_patches/unet"
@@ -72,10 +72,12 @@ KV_DOWNSAMPLE_INPUT = (list(KV_DOWNSAMPLES), {"default": "nearest", "tooltip":
 # Optional for the same reason; not in RULE_INPUTS (their rule block_start < block_end is checked when
 # the node runs), so a bad value elsewhere is not also reported on them.
 BLOCK_INPUTS = {
-    "block_start": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01, "tooltip":
+    "block_start": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 1.0, "step": 0.01, "tooltip":
                               "DiTs (Flux, SD3, Wan, HunyuanVideo) only: the share of the model's blocks, in depth order "
                               "(Flux: double, then single blocks), that ToMe reduces starts here (0 = the first "
-                              "block). UNets: keep 0 (max_downsample picks their levels)."}),
+                              "block). -1 (default) = the model's default: Flux its single blocks (the least "
+                              "error per unit of speed-up in our measurements), the others their first block. "
+                              "UNets: keep -1 or 0 (max_downsample picks their levels)."}),
     "block_end": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01, "tooltip":
                             "DiTs only: the reduced share of the blocks ends here (1 = the last block); block i of "
                             "n is reduced iff block_start <= (i + 0.5) / n <= block_end. UNets: keep 1."}),
@@ -114,6 +116,8 @@ def _config(spec: Dict[str, tuple], **values: Any) -> ToMeConfig:
     if error:
         raise ValueError(error)
     seed = values.pop("tome_seed", 0)
+    if values.get("block_start") is not None and values["block_start"] < 0:  # the widget's "model default"
+        values["block_start"] = None
     return ToMeConfig(seed=seed, **values)
 
 
@@ -147,10 +151,10 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any]) -> tuple:
         return patched, {"tome": [info]}
     patched = patch_dit_model_patcher(model, config)
     nominal_grid = (21, 60, 104) if family in ("wan", "hunyuan_video") else (64, 64)  # 480p 81 frames / 1024^2
-    count = block_count(model)
+    count, default = block_count(model), default_block_start(model)
     info = dict(config.as_dict(), base_downsample=1, model_type=model_type, family=family,
                 kv_window=list(dit_window(config.ratio, nominal_grid, config.sx, config.sy)),
-                blocks=[sum(config.block_on(i, count) for i in range(count)), count])
+                blocks=[sum(config.block_on(i, count, default) for i in range(count)), count])
     return patched, {"tome": [info]}
 
 
@@ -211,7 +215,7 @@ class ToMeAdvanced(ToMe):
         return validate(cls.spec(), values)
 
     def patch(self, model, ratio, max_downsample, sx, sy, use_rand, tome_seed, mode, merge_crossattn,
-              start_percent, end_percent, min_tokens, kv_downsample="nearest", block_start=0.0, block_end=1.0):
+              start_percent, end_percent, min_tokens, kv_downsample="nearest", block_start=-1.0, block_end=1.0):
         patched, ui = patch(model, self.spec(), dict(
             ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, tome_seed=tome_seed,
             mode=mode, merge_crossattn=merge_crossattn, start_percent=start_percent, end_percent=end_percent,

@@ -134,7 +134,7 @@ def test_ratio_zero_and_removal_are_bit_identical(family):
 def test_queries_and_text_untouched_image_keys_are_real_picks(family):
     model, inputs, where = FAMILIES[family]()
     _, vanilla = spied(model, inputs)
-    apply_patch(model, ratio=0.5, mode="kv", seed=4)
+    apply_patch(model, ratio=0.5, mode="kv", seed=4, block_start=0.0)  # every block, Flux's double ones too
     _, patched = spied(model, inputs)
     state = model.__dict__[STATE_ATTR]
     assert len(patched) == len(vanilla) and state.reduced_calls > 0
@@ -256,8 +256,8 @@ def test_a_non_sdpa_attention_backend_is_refused_not_silently_ignored():
     from diffusers.models.attention_dispatch import attention_backend
 
     model, inputs, _ = flux()
-    name, attention = next((n, m) for n, m in model.named_modules()
-                           if hasattr(getattr(m, "processor", None), "_attention_backend"))
+    name, attention = next((n, m) for n, m in model.named_modules()  # an attention Flux's default range patches
+                           if n.startswith("single_") and hasattr(getattr(m, "processor", None), "_attention_backend"))
     attention.processor._attention_backend = "flex"  # what model.set_attention_backend("flex") stores
     with pytest.raises(ValueError, match=f"attention {name} uses the diffusers attention backend 'flex'.*"
                                          "set_attention_backend\\('native'\\)"):
@@ -295,6 +295,29 @@ def test_block_range_reduces_exactly_the_blocks_in_it(family, start, end, reduce
     assert sorted({name.rsplit(".", 1)[0] for name, _, _ in model.__dict__[STATE_ATTR].modules}) == hooked
     remove_patch(model)
     assert torch.equal(run(model, inputs), expected)
+
+
+@pytest.mark.parametrize("family, reduced", [
+    ("flux", [False, True, True]),  # 1 double + 2 single blocks: the single blocks only
+    ("sd3", [True, True, True]),
+    ("wan", [True, False, True, False]),  # self-attentions; cross-attentions never
+    ("hunyuan_video", [False, True, True, True]),  # text refiner, then every block
+])
+def test_the_default_block_range_is_the_familys(family, reduced):
+    """No block_start: Flux reduces its single blocks only (the lowest error per unit of speed-up, measured
+    with tome_core.bench.dit_blocks), the other families every block; block_start=0 reduces every block."""
+    model, inputs, _ = FAMILIES[family]()
+    _, vanilla = spied(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv")
+    _, default = spied(model, inputs)
+    assert [kb.shape[-2] < ka.shape[-2] for (_, ka, _), (_, kb, _) in zip(vanilla, default)] == reduced
+    apply_patch(model, ratio=0.5, mode="kv", block_start=0.0)
+    _, every = spied(model, inputs)
+    assert sum(kb.shape[-2] < ka.shape[-2] for (_, ka, _), (_, kb, _) in zip(vanilla, every)) == \
+        (3 if family == "flux" else sum(reduced))
+    with pytest.raises(ValueError, match=r"block_start=0\.\d+\.\.block_end=0\.3 holds none" if family == "flux"
+                       else r"block_start=0\.\.block_end=0\.1 holds none"):
+        apply_patch(model, ratio=0.5, mode="kv", block_end=0.3 if family == "flux" else 0.1)
 
 
 def test_block_range_holding_no_block_and_on_a_unet_is_refused():

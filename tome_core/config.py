@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Optional, Tuple
 
 MODES = ("merge", "kv")
 KV_DOWNSAMPLES = ("nearest", "avg")
@@ -51,7 +52,9 @@ class ToMeConfig:
     min_tokens: levels with fewer tokens than this are left alone (merging cannot pay there).
     block_start, block_end: DiTs (mode "kv") only: the share of the model's blocks, in depth order,
         that ToMe reduces (Flux: its double blocks, then its single blocks); block i of n is reduced
-        iff block_start <= (i + 0.5) / n <= block_end. UNets choose levels with max_downsample.
+        iff block_start <= (i + 0.5) / n <= block_end. block_start None: the model's default (Flux:
+        its single blocks, where reduction costs the least error per unit of speed-up; other DiTs:
+        the first block). UNets choose levels with max_downsample.
     """
 
     ratio: float = 0.5
@@ -68,7 +71,7 @@ class ToMeConfig:
     start_percent: float = 0.0
     end_percent: float = 1.0
     min_tokens: int = 0
-    block_start: float = 0.0
+    block_start: Optional[float] = None
     block_end: float = 1.0
 
     def __post_init__(self) -> None:
@@ -105,22 +108,22 @@ class ToMeConfig:
                 f"ToMe: need 0 <= start_percent <= end_percent <= 1, got start_percent={start}, "
                 f"end_percent={end}; e.g. start_percent=0.0, end_percent=1.0 for the whole schedule."
             )
-        first = _require_real("block_start", self.block_start)
+        first = 0.0 if self.block_start is None else _require_real("block_start", self.block_start)
         last = _require_real("block_end", self.block_end)
         if not 0.0 <= first < last <= 1.0:
             raise ValueError(
-                f"ToMe: need 0 <= block_start < block_end <= 1, got block_start={first}, block_end={last}; "
-                "e.g. block_start=0.0, block_end=1.0 for every block."
+                f"ToMe: need 0 <= block_start < block_end <= 1, got block_start={self.block_start}, "
+                f"block_end={last}; e.g. block_start=0.0, block_end=1.0 for every block."
             )
 
-    @property
-    def all_blocks(self) -> bool:
-        """Whether the block range is the whole depth (the only range a UNet accepts)."""
-        return self.block_start == 0.0 and self.block_end == 1.0
+    def block_range(self, default_start: float = 0.0) -> Tuple[float, float]:
+        """(start, end) of the block range; ``default_start`` (the model's default) where block_start is None."""
+        return (default_start if self.block_start is None else self.block_start), self.block_end
 
-    def block_on(self, index: int, count: int) -> bool:
-        """Whether DiT block ``index`` of ``count`` (depth order) lies in [block_start, block_end]."""
-        return count <= 0 or self.block_start <= (index + 0.5) / count <= self.block_end
+    def block_on(self, index: int, count: int, default_start: float = 0.0) -> bool:
+        """Whether DiT block ``index`` of ``count`` (depth order) lies in the block range."""
+        start, end = self.block_range(default_start)
+        return count <= 0 or start <= (index + 0.5) / count <= end
 
     @property
     def enabled(self) -> bool:
@@ -137,7 +140,7 @@ class ToMeConfig:
 
 def require_all_blocks(config: ToMeConfig, model_name: str) -> None:
     """UNets have no block range (max_downsample picks their levels): refuse one rather than ignore it."""
-    if not config.all_blocks:
+    if config.block_range() != (0.0, 1.0):
         raise ValueError(
             f"ToMe: block_start/block_end choose a share of a DiT's blocks (Flux, SD3, Wan, HunyuanVideo); {model_name} is a "
             "UNet, whose levels max_downsample chooses: set block_start=0.0 and block_end=1.0."

@@ -1,7 +1,7 @@
 """The public, tomesd-compatible API: ``apply_patch`` / ``remove_patch`` for diffusers and LDM models."""
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Optional, TypeVar
 
 from .config import ToMeConfig, require_all_blocks
 from .dit import diffusers_dit
@@ -29,7 +29,7 @@ def apply_patch(
     start_percent: float = 0.0,
     end_percent: float = 1.0,
     min_tokens: int = 0,
-    block_start: float = 0.0,
+    block_start: Optional[float] = None,
     block_end: float = 1.0,
 ) -> Model:
     """Patch ``model`` in place with ToMe and return it (a drop-in for ``tomesd.apply_patch``).
@@ -40,7 +40,8 @@ def apply_patch(
     The first nine arguments mean what they mean in tomesd (see ``ToMeConfig``), except that
     ``max_downsample`` counts from the model's first attention level, so SDXL is merged too.
     DiTs (Flux, SD3/3.5, Wan, HunyuanVideo) take mode "kv" only; block_start/block_end pick the share of their
-    blocks, in depth order, that is reduced (UNets refuse a range: max_downsample picks their levels).
+    blocks, in depth order, that is reduced (block_start None: the model's default, on Flux its single
+    blocks); UNets refuse a range (max_downsample picks their levels).
     Applying again replaces the previous patch. Bad values raise before anything is patched.
     """
     config = ToMeConfig(

@@ -141,9 +141,9 @@ def test_text_and_queries_untouched_and_overrides_chain(comfy, family, order):
     if order == "before":  # an override already there is chained
         base = patcher.clone()
         patched_calls = spy_on(base)
-        patched = patch_dit_model_patcher(base, ToMeConfig(ratio=0.5, mode="kv", seed=3))
+        patched = patch_dit_model_patcher(base, ToMeConfig(ratio=0.5, mode="kv", seed=3, block_start=0.0))
     else:  # an override set after ours (replacing the slot) does not switch ToMe off
-        patched = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv", seed=3))
+        patched = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv", seed=3, block_start=0.0))
         patched_calls = spy_on(patched)
     sample(comfy, patched, latent, cond, steps=1)
     assert len(vanilla) == len(patched_calls) > 0
@@ -266,6 +266,8 @@ def test_a_block_range_is_refused_on_a_unet_and_when_it_holds_no_block(comfy, to
     patcher, _, _, _ = flux(comfy)
     with pytest.raises(ValueError, match="holds none of Flux's 3 blocks"):
         tome_nodes.ToMeAdvanced().patch(patcher, **values, block_start=0.2, block_end=0.3)
+    with pytest.raises(ValueError, match=r"block_start=0\.333333\.\.block_end=0\.3 holds none of Flux's 3 blocks"):
+        tome_nodes.ToMeAdvanced().patch(patcher, **values, block_end=0.3)  # the default start: the single blocks
     with pytest.raises(ValueError, match="need 0 <= block_start < block_end <= 1"):
         tome_nodes.ToMeAdvanced().patch(patcher, **values, block_start=0.5, block_end=0.5)
     assert not patcher.wrappers.get("apply_model")
@@ -306,7 +308,8 @@ def test_flux_reference_latent_tokens_after_the_grid_are_kept_whole(comfy):
     sample(comfy, vanilla_patcher, latent, cond, steps=1)
     base = patcher.clone()
     calls = spy_on(base)
-    sample(comfy, patch_dit_model_patcher(base, ToMeConfig(ratio=0.5, mode="kv")), latent, cond, steps=1)
+    sample(comfy, patch_dit_model_patcher(base, ToMeConfig(ratio=0.5, mode="kv", block_start=0.0)), latent, cond,
+           steps=1)
     q0, k0, v0, skip = vanilla[0]
     q1, k1, v1, _ = calls[0]
     seq, refs = 2 if skip else 1, 12
@@ -380,3 +383,36 @@ def test_every_attention_backend_comfyui_can_select_gets_the_shortened_keys(comf
     assert state.reduced_calls == 1 and keep.numel() < layout.length
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(out, function(q, k, v, 2, skip_reshape=skip_reshape), atol=1e-4)
+
+
+@pytest.mark.parametrize("family, reduced, blocks", [
+    ("flux", [False, True, True], [2, 3]),  # 1 double + 2 single blocks: the single blocks only
+    ("sd3", [True, False, True], [2, 2]),  # joint, the image-only x_block attention (not reduced here), joint
+    ("wan", [True, False, True, False], [2, 2]),  # self-, then cross-attention per block
+    ("hunyuan_video", [False, False, True, True, True], [3, 3]),  # text refiner (2), then every block
+])
+def test_the_default_block_range_is_the_familys_on_both_nodes(comfy, tome_package, family, reduced, blocks):
+    """Without a block range (the basic node; the advanced node's block_start at its default -1), Flux
+    reduces its single blocks only, the other families every block; block_start 0 reduces every block."""
+    tome_nodes = _node_classes(tome_package)
+    patcher, latent, cond, _ = FAMILIES[family](comfy)
+    vanilla_patcher = patcher.clone()
+    vanilla = spy_on(vanilla_patcher)
+    sample(comfy, vanilla_patcher, latent, cond, steps=1)
+    seq = [2 if call[3] else 1 for call in vanilla]
+    values = dict(ratio=0.5, max_downsample=1, sx=2, sy=2, use_rand=True, tome_seed=0, mode="kv",
+                  merge_crossattn=False, start_percent=0.0, end_percent=1.0, min_tokens=0)
+    runs = {"basic": lambda m: tome_nodes.ToMe().patch(m, ratio=0.5, max_downsample=1),
+            "advanced": lambda m: tome_nodes.ToMeAdvanced().patch(m, **values),
+            "every block": lambda m: tome_nodes.ToMeAdvanced().patch(m, **values, block_start=0.0)}
+    for name, run in runs.items():
+        base = patcher.clone()
+        calls = spy_on(base)
+        result = run(base)
+        sample(comfy, result["result"][0], latent, cond, steps=1)
+        got = [b[1].shape[s] < a[1].shape[s] for a, b, s in zip(vanilla, calls, seq)]
+        if name == "every block":
+            assert result["ui"]["tome"][0]["blocks"] == [blocks[1], blocks[1]]
+            assert sum(got) == (3 if family == "flux" else sum(reduced)), name
+        else:
+            assert result["ui"]["tome"][0]["blocks"] == blocks and got == reduced, name

@@ -1,6 +1,8 @@
 """Which blocks of a DiT tolerate mode "kv" best: the peaked-attention error of each block range.
 
     python -m tome_core.bench.dit_blocks --families flux,sd3,wan --blocks 4
+    python -m tome_core.bench.dit_blocks --families flux --blocks 2 --size 1024x1024 --ratio 0.5,0.75 \
+        --ranges 0-1,0.34-1 --seeds 0,1,2
 
 For each family (the real architecture at full width, ``--blocks`` blocks of each kind, seeded
 weights, q/k norms scaled as in the bench's peaked-attention proxy), mode kv is applied to one
@@ -71,27 +73,61 @@ def format_rows(rows: List[Dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def _floats(text: str) -> List[float]:
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
+def _ranges(text: str) -> List[Tuple[float, float]]:
+    pairs = [part.split("-") for part in text.split(",") if part.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"--ranges takes START-END pairs, e.g. 0-1,0.34-1; got {text!r}")
+    return [(float(a), float(b)) for a, b in pairs]
+
+
+def _size(text: str) -> Tuple[int, int, int]:
+    parts = [int(v) for v in text.lower().split("x")]
+    if len(parts) not in (2, 3):
+        raise ValueError(f"--size takes HxW or HxWxFRAMES, e.g. 1024x1024; got {text!r}")
+    return parts[0], parts[1], parts[2] if len(parts) == 3 else 1
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tome_core.bench.dit_blocks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", default="flux,sd3,wan", help="comma list of flux, sd3, wan")
     parser.add_argument("--blocks", type=int, default=4, help="blocks of each kind (Flux: N double + 2N single)")
-    parser.add_argument("--ratio", type=float, default=0.5, help="kv ratio (default 0.5)")
+    parser.add_argument("--ratio", default="0.5", help="kv ratio, or a comma list (default 0.5)")
+    parser.add_argument("--ranges", default=None, help="comma list of START-END block ranges "
+                        "(default: all, halves, thirds)")
+    parser.add_argument("--size", default=None, help="HxW or HxWxFRAMES (default: Flux/SD3 512x512, Wan 480x832x9)")
     parser.add_argument("--peaked", type=float, default=3.0, help="q/k norm scale of the proxy (default 3)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0", help="comma list of seeds (weights, inputs, picks)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = sorted(set(families) - set(SIZES))
+    try:
+        ratios, seeds = _floats(args.ratio), [int(v) for v in _floats(args.seeds)]
+        ranges = _ranges(args.ranges) if args.ranges else RANGES
+        size = _size(args.size) if args.size else None
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if unknown or args.blocks < 1:
         print(f"error: families must be among {', '.join(SIZES)} and --blocks >= 1 (got {args.families!r}, "
               f"{args.blocks})", file=sys.stderr)
         return 2
     rows = []
     for family in families:
-        rows += range_errors(family, args.blocks, args.ratio, args.peaked, DTYPES[args.dtype], seed=args.seed)
-        print(format_rows([row for row in rows if row["family"] == family]), flush=True)
+        for seed in seeds:
+            for ratio in ratios:
+                found = range_errors(family, args.blocks, ratio, args.peaked, DTYPES[args.dtype], ranges=ranges,
+                                     seed=seed, size=size)
+                for row in found:
+                    row.update(seed=seed, ratio=ratio)
+                rows += found
+                print(f"seed {seed}, ratio {ratio:g}\n{format_rows(found)}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(dict(args=vars(args), rows=rows), indent=1))
     return 0

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from ..config import ToMeConfig
+from . import families
 from .diffusers_dit import check_config
 from .grid import TokenLayout
 from .kv import dit_window
@@ -140,19 +141,30 @@ def _block_offsets(patcher_or_model: Any) -> Tuple[Dict[str, int], Dict[str, int
     return offsets, counts
 
 
+def default_block_start(patcher_or_model: Any) -> float:
+    """The block_start the model uses when none is given (Flux: its first single block's share of the depth)."""
+    model = _diffusion_model(patcher_or_model) if hasattr(patcher_or_model, "model") else patcher_or_model
+    entry = _family_entry(getattr(model, "_orig_mod", model))
+    offsets, counts = _block_offsets(model)
+    return 0.0 if entry is None else families.default_block_start(entry.name, offsets.get("single", 0),
+                                                                  sum(counts.values()))
+
+
 def blocks_on(diffusion_model: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...]]:
     """Per block, in depth order, whether config's block range holds it; None for every block.
 
     Raises ValueError naming the model when the range holds none of its blocks.
     """
-    if config.all_blocks:
-        return None
     model = getattr(diffusion_model, "_orig_mod", diffusion_model)
+    default = default_block_start(model)
+    if config.block_range(default) == (0.0, 1.0):
+        return None
     count = block_count(model)
-    chosen = tuple(config.block_on(index, count) for index in range(count))
+    chosen = tuple(config.block_on(index, count, default) for index in range(count))
     if not any(chosen):
+        start, end = config.block_range(default)
         raise ValueError(
-            f"ToMe: block_start={config.block_start}..block_end={config.block_end} holds none of "
+            f"ToMe: block_start={start:g}..block_end={end:g} holds none of "
             f"{type(model).__name__}'s {count} blocks (block i is in it iff its centre (i + 0.5) / {count} is); "
             "widen the range.")
     return chosen

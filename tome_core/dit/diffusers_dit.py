@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..config import ToMeConfig
 from ..hooks import not_compiled
-from .families import FAMILIES, TIMESTEP_ARG, find_dit, unsupported_dit
+from .families import FAMILIES, TIMESTEP_ARG, default_block_start, find_dit, unsupported_dit
 from .grid import TokenLayout
 from .kv import dit_window
 from .state import KVPatchState
@@ -162,17 +162,21 @@ def attention_names(model: torch.nn.Module) -> List[str]:
 
 def in_block_range(model: torch.nn.Module, modules: List[Tuple[str, torch.nn.Module, str]],
                    config: ToMeConfig) -> List[Tuple[str, torch.nn.Module, str]]:
-    """The attentions whose block (the name without its last part, in depth order) config.block_on.
+    """The attentions whose block (the name without its last part, in depth order) is in config's range
+    (the model's default range where block_start is None: see ``families.default_block_start``).
 
     Raises ValueError naming the model when the range holds none of its blocks.
     """
-    if config.all_blocks:
-        return modules
     order = list(dict.fromkeys(name.rsplit(".", 1)[0] for name, _, _ in modules))
-    chosen = {block for index, block in enumerate(order) if config.block_on(index, len(order))}
+    single_from = next((i for i, block in enumerate(order) if block.startswith("single_")), 0)
+    default = default_block_start(FAMILIES[type(model).__name__].name, single_from, len(order))
+    if config.block_range(default) == (0.0, 1.0):
+        return modules
+    chosen = {block for index, block in enumerate(order) if config.block_on(index, len(order), default)}
     if not chosen:
+        start, end = config.block_range(default)
         raise ValueError(
-            f"ToMe: block_start={config.block_start}..block_end={config.block_end} holds none of "
+            f"ToMe: block_start={start:g}..block_end={end:g} holds none of "
             f"{type(model).__name__}'s {len(order)} blocks (block i is in it iff its centre (i + 0.5) / "
             f"{len(order)} is); widen the range.")
     return [entry for entry in modules if entry[0].rsplit(".", 1)[0] in chosen]
