@@ -32,15 +32,16 @@ APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 class ComfyFamily:
     """How one of ComfyUI's DiT classes lays out its attention sequence and orders its blocks.
 
-    text_first: the text tokens precede the image grid in the joint attention (Flux, MMDiT), follow it
-        (HunyuanVideo: [image, text]) or are absent from self-attention (Wan).
+    text: "first" where the text tokens precede the image grid in the joint attention (Flux, MMDiT),
+        "last" where they follow it (HunyuanVideo: [image, text]), "none" where self-attention sees
+        only image/video tokens (Wan).
     blocks: the model's block lists in the order they run (the block range's depth order).
     reports_blocks: the model sets transformer_options["block_type"/"block_index"] around each block
         (comfy/ldm/flux/model.py, hunyuan_video/model.py), so a call's block is read, not counted.
     """
 
     name: str
-    text: str  # "first", "last" or "none"
+    text: str
     blocks: Tuple[str, ...]
     reports_blocks: bool = False
 
