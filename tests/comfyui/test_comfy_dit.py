@@ -16,7 +16,7 @@ import torch
 import comfy_env
 
 from tome_core.config import ToMeConfig
-from tome_core.dit.comfy_dit import OVERRIDE, patch_dit_model_patcher
+from tome_core.dit.comfy_dit import OVERRIDE, has_image_only_attention, patch_dit_model_patcher
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +167,37 @@ def test_text_and_queries_untouched_and_overrides_chain(comfy, family, order):
     assert reduced > 0
 
 
+def _rows_in(patched: torch.Tensor, full: torch.Tensor, seq: int) -> torch.Tensor:
+    """For each token of ``patched``'s keys, its index among ``full``'s (batch 0), asserting each is found once."""
+    a, b = (t.movedim(seq, 1).flatten(2)[0] for t in (patched, full))
+    match = (a[:, None] == b[None]).all(-1)
+    assert (match.sum(1) == 1).all()
+    return match.float().argmax(1)
+
+
+def test_sd35_image_only_attention_keeps_the_joint_attentions_grid_picks(comfy):
+    """SD3.5's MMDiT-X runs, in a block with x_block_self_attn, the joint [text, image] attention and then
+    an image-only one: on the real attention inputs both keep the same image tokens, every query stays."""
+    patcher, latent, cond, where = sd3(comfy)
+    assert has_image_only_attention(patcher.model.diffusion_model)
+    vanilla_patcher = patcher.clone()
+    vanilla = spy_on(vanilla_patcher)
+    sample(comfy, vanilla_patcher, latent, cond, steps=1)
+    base = patcher.clone()
+    patched_calls = spy_on(base)
+    sample(comfy, patch_dit_model_patcher(base, ToMeConfig(ratio=0.5, mode="kv", seed=5)), latent, cond, steps=1)
+    pre, grid = where["prefix"], where["grid"]
+    seq = 2 if vanilla[0][3] else 1
+    assert [c[1].shape[seq] for c in vanilla] == [pre + grid, grid, pre + grid]  # block 0: joint, x_block; block 1
+    (_, joint_k, _, _), (image_q, image_k, image_v, _) = patched_calls[:2]
+    assert torch.equal(image_q, vanilla[1][0]) and image_k.shape[seq] == image_v.shape[seq] < grid
+    joint_rows = _rows_in(joint_k, vanilla[0][1], seq)
+    image_rows = _rows_in(image_k, vanilla[1][1], seq)
+    assert torch.equal(joint_rows[:pre], torch.arange(pre))  # the text keys, all of them, first
+    assert torch.equal(image_rows, joint_rows[pre:] - pre)  # the same grid picks in both attentions
+    assert torch.equal(image_v, vanilla[1][2].index_select(seq, image_rows))
+
+
 def test_refuses_pixart_and_merge_naming_the_model(comfy):
     patcher, *_ = flux(comfy)
     with pytest.raises(ValueError, match="Flux is a transformer-only model.*use mode='kv'"):
@@ -236,6 +267,7 @@ def test_the_v3_node_gives_the_v1_image_on_a_dit(comfy, tome_package):
 @pytest.mark.parametrize("family, start, end, reduced, blocks", [
     ("flux", 0.0, 0.5, [True, True, False], [2, 3]),  # 1 double + 2 single blocks: centres 1/6, 1/2, 5/6
     ("sd3", 0.5, 1.0, [False, False, True], [1, 2]),  # block 0: joint, then SD3.5's image-only attention
+    ("sd3", 0.0, 0.5, [True, True, False], [1, 2]),  # the x_block attention goes with its block's joint one
     ("wan", 0.0, 0.5, [True, False, False, False], [1, 2]),  # per block: self-, then cross-attention
     # the text refiner's 2 self-attentions (text only, never reduced), then 1 double + 2 single blocks
     ("hunyuan_video", 0.34, 1.0, [False, False, False, True, True], [2, 3]),
@@ -387,7 +419,7 @@ def test_every_attention_backend_comfyui_can_select_gets_the_shortened_keys(comf
 
 @pytest.mark.parametrize("family, reduced, blocks", [
     ("flux", [False, True, True], [2, 3]),  # 1 double + 2 single blocks: the single blocks only
-    ("sd3", [True, False, True], [2, 2]),  # joint, the image-only x_block attention (not reduced here), joint
+    ("sd3", [True, True, True], [2, 2]),  # block 0: joint, then its image-only x_block attention; block 1: joint
     ("wan", [True, False, True, False], [2, 2]),  # self-, then cross-attention per block
     ("hunyuan_video", [False, False, True, True, True], [3, 3]),  # text refiner (2), then every block
 ])

@@ -142,6 +142,15 @@ def _block_offsets(patcher_or_model: Any) -> Tuple[Dict[str, int], Dict[str, int
     return offsets, counts
 
 
+def has_image_only_attention(diffusion_model: Any) -> bool:
+    """Whether an MMDiT runs SD3.5's image-only ``x_block`` self-attention in some joint block (MMDiT-X)."""
+    model = getattr(diffusion_model, "_orig_mod", diffusion_model)
+    entry = _family_entry(model)
+    return entry is not None and entry.name == "sd3" and any(
+        bool(getattr(getattr(block, "x_block", None), "x_block_self_attn", False))
+        for block in getattr(model, "joint_blocks", None) or ())
+
+
 def default_block_start(patcher_or_model: Any) -> float:
     """The block_start the model uses when none is given (Flux: its first single block's share of the depth)."""
     model = _diffusion_model(patcher_or_model) if hasattr(patcher_or_model, "model") else patcher_or_model
@@ -175,21 +184,26 @@ class DiTKVPatch(KVPatchState):
     """The state of one patched clone: config, sigma window, block choice and the per-step kept indices."""
 
     def __init__(self, config: ToMeConfig, sigma_high: float, sigma_low: float, family: ComfyFamily,
-                 blocks: Optional[Tuple[bool, ...]] = None, block_offsets: Optional[Dict[str, int]] = None) -> None:
+                 blocks: Optional[Tuple[bool, ...]] = None, block_offsets: Optional[Dict[str, int]] = None,
+                 image_only_attention: bool = False) -> None:
         super().__init__(config)
         self.sigma_high, self.sigma_low = sigma_high, sigma_low
         self.family = family
         self.blocks_on = blocks
         self.block_offsets = block_offsets or {}
+        self.image_only_attention = image_only_attention  # SD3.5's MMDiT-X x_block self-attention
 
     def override(self, layout: TokenLayout, keep: torch.Tensor, ambiguous: int,
-                 previous: Optional[Callable]) -> Callable:
+                 previous: Optional[Callable], keep_image: Optional[torch.Tensor] = None) -> Callable:
         """The optimized_attention_override for one model call; chains ``previous``.
 
         Which block a call belongs to: where the model reports it (Flux, HunyuanVideo set
         ``block_type``/``block_index`` in transformer_options around each block), from that; elsewhere
         (MMDiT, Wan) the self-attentions over the layout come one per block in depth order, so their
-        count in this call is the block index. A block outside ``blocks_on`` is left alone.
+        count in this call is the block index. With ``keep_image`` (SD3.5's MMDiT-X), a self-attention
+        over the grid alone is the image-only ``x_block`` attention that ``_block_mixing`` runs right
+        after its block's joint one, so it belongs to the last counted block and keeps ``keep_image``.
+        A block outside ``blocks_on`` is left alone.
         """
         seen = [0]  # self-attentions over the layout so far in this model call (counted families)
         family, offsets, blocks_on = self.family, self.block_offsets, self.blocks_on
@@ -201,6 +215,8 @@ class DiTKVPatch(KVPatchState):
             kind = options.get("block_type") if isinstance(options, dict) else None
             if family.reports_blocks and kind in offsets:
                 return offsets[kind] + int(options.get("block_index", 0)) if n >= end else None
+            if keep_image is not None and n == layout.grid_tokens and seen[0] > 0:
+                return seen[0] - 1  # SD3.5's x_block self-attention, after its block's joint attention
             if family.text == "last" or n != layout.length or n == ambiguous:
                 # No block report: [image, text] cannot be told from the text refiner's self-attention, and a
                 # cross-attention whose text has the layout's length cannot be told from self-attention.
@@ -215,7 +231,12 @@ class DiTKVPatch(KVPatchState):
             n = k.shape[seq] if k is not None else -1
             index = block_of(kwargs, n) if q is not None and q.shape[seq] == n == v.shape[seq] else None
             if index is not None and (blocks_on is None or (index < len(blocks_on) and blocks_on[index])):
-                kept = keep if n == layout.length else torch.cat([keep, torch.arange(layout.length, n, device=keep.device)])
+                if n == layout.length:
+                    kept = keep
+                elif keep_image is not None and n == layout.grid_tokens:
+                    kept = keep_image
+                else:
+                    kept = torch.cat([keep, torch.arange(layout.length, n, device=keep.device)])
                 k, v = k.index_select(seq, kept), v.index_select(seq, kept)
                 if len(args) >= 3:
                     args[1], args[2] = k, v
@@ -241,7 +262,8 @@ class DiTKVPatch(KVPatchState):
         if plan is None:
             return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
         had, previous = OVERRIDE in options, options.get(OVERRIDE)
-        options[OVERRIDE] = self.override(*plan, previous=previous)
+        layout, keep, ambiguous, keep_image = plan
+        options[OVERRIDE] = self.override(layout, keep, ambiguous, previous=previous, keep_image=keep_image)
         try:
             return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
         finally:
@@ -269,7 +291,10 @@ class DiTKVPatch(KVPatchState):
         if layout.length == ambiguous:
             self.warn_once("ambiguous", f"ToMe: {layout.grid_tokens} video tokens equal the text length; "
                            "this size is left unreduced (self- and cross-attention cannot be told apart).")
-        return layout, self.keep_for(layout, sigma, x.device), ambiguous
+        keep_image = None
+        if self.image_only_attention and layout.prefix > 0:  # the same picks on the grid alone (same seed)
+            keep_image = self.keep_for(layout.image_only(), sigma, x.device)
+        return layout, self.keep_for(layout, sigma, x.device), ambiguous, keep_image
 
 
 def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
@@ -292,7 +317,8 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     sampling = patcher.get_model_object("model_sampling")
     high, low = float(sampling.percent_to_sigma(config.start_percent)), float(sampling.percent_to_sigma(config.end_percent))
     state = DiTKVPatch(config, sigma_high=high, sigma_low=low, family=_family_entry(diffusion_model), blocks=chosen,
-                       block_offsets=_block_offsets(diffusion_model)[0])
+                       block_offsets=_block_offsets(diffusion_model)[0],
+                       image_only_attention=has_image_only_attention(diffusion_model))
     clone = patcher.clone()
     clone.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)  # re-patching replaces, never stacks
     clone.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, state.apply_model_wrapper)

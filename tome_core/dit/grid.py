@@ -10,9 +10,10 @@ from typing import Tuple
 class TokenLayout:
     """One attention sequence: ``prefix`` tokens, then a raster grid (h, w) or (t, h, w), then ``suffix``.
 
-    Flux puts its text first (prefix = text length), SD3 last (suffix = text length); an
-    image-only self-attention (Wan's attn1, SD3.5's attn2) has neither. The layout comes from the
-    model's inputs, never from a guess: a sequence whose length does not match is left alone.
+    Flux puts its text first (prefix = text length), diffusers' SD3 last (suffix = text length;
+    ComfyUI's MMDiT puts it first); an image-only self-attention (Wan's attn1, SD3.5's attn2) has
+    neither. The layout comes from the model's inputs, never from a guess: a sequence whose length
+    does not match is left alone.
     """
 
     grid: Tuple[int, ...]
