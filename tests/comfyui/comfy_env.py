@@ -7,11 +7,12 @@ found in the running venv, or any ComfyUI checkout named by ``TOME_COMFYUI_DIR``
 do: ``ComfyServer`` starts its ``main.py`` in a subprocess and talks HTTP to it, so they do not
 depend on ComfyUI's internals (which change between versions).
 
-torchvision: PyPI's wheel is a CUDA build whose operator registrations fail to import under the
-CPU torch. ComfyUI imports it at module level only for models these tests never use, so when the
-real package cannot be imported, an import hook (installed by ``comfy_launch.py`` in the server
-process, and by ``import_comfy`` in the test process) serves ``torchvision`` and its submodules as
-empty stub packages whose every attribute raises, naming the stub.
+torchvision, torchaudio: PyPI's torchvision wheel is a CUDA build whose operator registrations fail
+to import under the CPU torch, and PyPI has no torchaudio for torch 2.13. ComfyUI imports them at
+module level only for models these tests never use (a 2026 ComfyUI imports torchaudio in
+``comfy/sd.py``), so when the real package cannot be imported, an import hook (installed by
+``comfy_launch.py`` in the server process, and by ``import_comfy`` in the test process) serves it and
+its submodules as empty stub packages whose every attribute raises, naming the stub.
 """
 from __future__ import annotations
 
@@ -63,11 +64,17 @@ def require_comfyui(required_flag: str, hint: str) -> Path:
     return comfy_dir
 
 
-class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves ``torchvision`` and any ``torchvision.*`` as empty packages whose attributes raise."""
+STUBBED_PACKAGES = ("torchvision", "torchaudio")
+
+
+class _PackageStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves ``package`` and any ``package.*`` as empty packages whose attributes raise."""
+
+    def __init__(self, package: str) -> None:
+        self.package = package
 
     def find_spec(self, name, path=None, target=None):
-        if name == "torchvision" or name.startswith("torchvision."):
+        if name == self.package or name.startswith(self.package + "."):
             return importlib.machinery.ModuleSpec(name, self, is_package=True)
         return None
 
@@ -75,25 +82,32 @@ class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def exec_module(self, module):
+        package = self.package
+
         def missing(attribute: str):
-            raise AttributeError(f"{module.__name__} is a test stub (no usable torchvision in the CPU test env): "
+            raise AttributeError(f"{module.__name__} is a test stub (no usable {package} in the CPU test env): "
                                  f"{attribute}")
 
         module.__getattr__ = missing
 
 
-def install_torchvision_stub() -> bool:
-    """Make ``import torchvision[.x]`` succeed when the real package cannot be imported; True if stubbed."""
-    if any(isinstance(finder, _TorchvisionStub) for finder in sys.meta_path):
-        return True
-    try:
-        import torchvision  # noqa: F401
-        return False
-    except Exception:  # missing, or the CUDA wheel failing under CPU torch
-        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-            del sys.modules[name]
-    sys.meta_path.insert(0, _TorchvisionStub())
-    return True
+def install_package_stubs() -> bool:
+    """Make ``import torchvision[.x]`` and ``import torchaudio[.x]`` succeed where the real package cannot
+    be imported; True if any was stubbed."""
+    stubbed = False
+    for package in STUBBED_PACKAGES:
+        if any(isinstance(f, _PackageStub) and f.package == package for f in sys.meta_path):
+            stubbed = True
+            continue
+        try:
+            importlib.import_module(package)
+            continue
+        except Exception:  # missing, or the CUDA wheel failing under CPU torch
+            for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+                del sys.modules[name]
+        sys.meta_path.insert(0, _PackageStub(package))
+        stubbed = True
+    return stubbed
 
 
 class PromptInvalid(Exception):
@@ -128,7 +142,7 @@ class RunResult:
 def import_comfy(comfy_dir: Path) -> None:
     """Make ComfyUI's modules importable in this process (CPU, no argument parsing) for tests that
     build real ComfyUI objects without its server (e.g. the checkpoint writer)."""
-    install_torchvision_stub()
+    install_package_stubs()
     if str(comfy_dir) not in sys.path:
         sys.path.append(str(comfy_dir))
     import comfy.options

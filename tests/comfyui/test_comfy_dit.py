@@ -44,11 +44,20 @@ def _patcher(comfy, config_cls, unet_config):
     return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
 
 
+def _as_detected(params_cls, config: dict, **detected) -> dict:
+    """``config`` plus the keys the running ComfyUI's model_detection sets for such a checkpoint, where its
+    params dataclass has them (newer ComfyUIs require keys older ones do not know)."""
+    fields = getattr(params_cls, "__dataclass_fields__", {})
+    return {**config, **{key: value for key, value in detected.items() if key in fields}}
+
+
 def flux(comfy):
-    patcher = _patcher(comfy, comfy.supported_models.Flux, dict(
+    import comfy.ldm.flux.model
+
+    patcher = _patcher(comfy, comfy.supported_models.Flux, _as_detected(comfy.ldm.flux.model.FluxParams, dict(
         image_model="flux", in_channels=16, patch_size=2, out_channels=16, vec_in_dim=32, context_in_dim=32,
         hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000,
-        qkv_bias=True, guidance_embed=True))
+        qkv_bias=True, guidance_embed=True), txt_ids_dims=[]))  # model_detection: Flux.1 has no text ids dims
     latent = torch.zeros(1, 16, 10, 13)  # 5 x 7 patches: odd sides
     cond = [[torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(1)),
              {"pooled_output": torch.randn(1, 32, generator=torch.Generator().manual_seed(2)), "guidance": 3.5}]]
@@ -77,11 +86,14 @@ def wan(comfy):
 
 def hunyuan_video(comfy):
     """[image, text] joint attention (text last), after a text refiner whose self-attention sees text only."""
-    patcher = _patcher(comfy, comfy.supported_models.HunyuanVideo, dict(
+    import comfy.ldm.hunyuan_video.model
+
+    params = comfy.ldm.hunyuan_video.model.HunyuanVideoParams
+    patcher = _patcher(comfy, comfy.supported_models.HunyuanVideo, _as_detected(params, dict(
         image_model="hunyuan_video", in_channels=16, patch_size=[1, 2, 2], out_channels=16, vec_in_dim=32,
         context_in_dim=32, hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=2,
         axes_dim=[4, 6, 6], theta=256, qkv_bias=True, guidance_embed=True, byt5=False, meanflow=False,
-        use_cond_type_embedding=False, vision_in_dim=None))
+        use_cond_type_embedding=False, vision_in_dim=None), meanflow_sum=False))  # model_detection: no vision_in
     latent = torch.zeros(1, 16, 3, 6, 10)
     cond = [[torch.randn(1, 7, 32, generator=torch.Generator().manual_seed(1)),
              {"pooled_output": torch.randn(1, 32, generator=torch.Generator().manual_seed(2)), "guidance": 6.0}]]

