@@ -11,13 +11,13 @@ try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
     from ..tome_core.config import KV_DOWNSAMPLES, MODES
     from ..tome_core.dit import dit_window
-    from ..tome_core.dit.comfy_dit import block_count, default_block_start, dit_family, patch_dit_model_patcher
+    from ..tome_core.dit.comfy_dit import block_count, blocks_on, dit_family, patch_dit_model_patcher
     from ..tome_core.model_patcher import base_downsample_of, patch_model_patcher
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.config import KV_DOWNSAMPLES, MODES
     from tome_core.dit import dit_window
-    from tome_core.dit.comfy_dit import block_count, default_block_start, dit_family, patch_dit_model_patcher
+    from tome_core.dit.comfy_dit import block_count, blocks_on, dit_family, patch_dit_model_patcher
     from tome_core.model_patcher import base_downsample_of, patch_model_patcher
 
 CATEGORY = "model_patches/unet"
@@ -151,10 +151,10 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any]) -> tuple:
         return patched, {"tome": [info]}
     patched = patch_dit_model_patcher(model, config)
     nominal_grid = (21, 60, 104) if family in ("wan", "hunyuan_video") else (64, 64)  # 480p 81 frames / 1024^2
-    count, default = block_count(model), default_block_start(model)
+    count, chosen = block_count(model), blocks_on(model, config)
     info = dict(config.as_dict(), base_downsample=1, model_type=model_type, family=family,
                 kv_window=list(dit_window(config.ratio, nominal_grid, config.sx, config.sy)),
-                blocks=[sum(config.block_on(i, count, default) for i in range(count)), count])
+                blocks=[count if chosen is None else sum(chosen), count])
     return patched, {"tome": [info]}
 
 

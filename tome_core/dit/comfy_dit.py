@@ -124,6 +124,12 @@ def _layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tenso
     return TokenLayout(grid, prefix=context.shape[1] + int(getattr(diffusion_model, "register_length", 0) or 0))
 
 
+def _dit(patcher_or_model: Any) -> Any:
+    """The DiT of a ModelPatcher or a diffusion model, seen through torch.compile's OptimizedModule."""
+    model = _diffusion_model(patcher_or_model) if hasattr(patcher_or_model, "model") else patcher_or_model
+    return getattr(model, "_orig_mod", model)
+
+
 def block_count(patcher_or_model: Any) -> int:
     """The blocks of a patcher's (or diffusion model's) DiT, in the sense of the block range."""
     return sum(_block_offsets(patcher_or_model)[1].values())
@@ -131,8 +137,7 @@ def block_count(patcher_or_model: Any) -> int:
 
 def _block_offsets(patcher_or_model: Any) -> Tuple[Dict[str, int], Dict[str, int]]:
     """Per block type ("double", "single", "joint", ...): the depth index of its first block, and its count."""
-    model = _diffusion_model(patcher_or_model) if hasattr(patcher_or_model, "model") else patcher_or_model
-    model = getattr(model, "_orig_mod", model)
+    model = _dit(patcher_or_model)
     entry = _family_entry(model)
     offsets: Dict[str, int] = {}
     counts: Dict[str, int] = {}
@@ -144,7 +149,7 @@ def _block_offsets(patcher_or_model: Any) -> Tuple[Dict[str, int], Dict[str, int
 
 def has_image_only_attention(diffusion_model: Any) -> bool:
     """Whether an MMDiT runs SD3.5's image-only ``x_block`` self-attention in some joint block (MMDiT-X)."""
-    model = getattr(diffusion_model, "_orig_mod", diffusion_model)
+    model = _dit(diffusion_model)
     entry = _family_entry(model)
     return entry is not None and entry.name == "sd3" and any(
         bool(getattr(getattr(block, "x_block", None), "x_block_self_attn", False))
@@ -153,19 +158,20 @@ def has_image_only_attention(diffusion_model: Any) -> bool:
 
 def default_block_start(patcher_or_model: Any) -> float:
     """The block_start the model uses when none is given (Flux: its first single block's share of the depth)."""
-    model = _diffusion_model(patcher_or_model) if hasattr(patcher_or_model, "model") else patcher_or_model
-    entry = _family_entry(getattr(model, "_orig_mod", model))
+    model = _dit(patcher_or_model)
+    entry = _family_entry(model)
     offsets, counts = _block_offsets(model)
     return 0.0 if entry is None else families.default_block_start(entry.name, offsets.get("single", 0),
                                                                   sum(counts.values()))
 
 
-def blocks_on(diffusion_model: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...]]:
-    """Per block, in depth order, whether config's block range holds it; None for every block.
+def blocks_on(patcher_or_model: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...]]:
+    """Per block of a patcher's (or diffusion model's) DiT, in depth order, whether config's block range
+    holds it; None for every block.
 
     Raises ValueError naming the model when the range holds none of its blocks.
     """
-    model = getattr(diffusion_model, "_orig_mod", diffusion_model)
+    model = _dit(patcher_or_model)
     default = default_block_start(model)
     if config.block_range(default) == (0.0, 1.0):
         return None
