@@ -39,7 +39,8 @@ def apply_patch(
         (what the WebUI holds), or an LDM-style UNet.
     The first nine arguments mean what they mean in tomesd (see ``ToMeConfig``), except that
     ``max_downsample`` counts from the model's first attention level, so SDXL is merged too.
-    DiTs (Flux, SD3/3.5, Wan, HunyuanVideo) take mode "kv" only; block_start/block_end pick the share of their
+    DiTs (tome_core.dit.families.TABLE: Flux.1/.2, Chroma, Qwen-Image, SD3/3.5, Wan, HunyuanVideo, Lumina 2,
+    Z-Image, LTX-Video, LTX-2) take mode "kv" only; block_start/block_end pick the share of their
     blocks, in depth order, that is reduced (block_start None: the model's default, on Flux its single
     blocks); UNets refuse a range (max_downsample picks their levels).
     Applying again replaces the previous patch. Bad values raise before anything is patched.
@@ -51,7 +52,7 @@ def apply_patch(
         block_start=block_start, block_end=block_end,
     )
     dit = diffusers_dit.find_dit(model)
-    if dit is not None:  # Flux, SD3/3.5, Wan, HunyuanVideo: mode "kv" through per-attention hooks (tome_core/dit)
+    if dit is not None:  # a DiT of the family table: mode "kv" through per-attention hooks (tome_core/dit)
         diffusers_dit.check_config(dit, config)
         remove_patch(model)
         diffusers_dit.install(dit, config)
@@ -60,7 +61,8 @@ def apply_patch(
     if unsupported is not None:
         raise TypeError(
             f"ToMe: {unsupported} has no UNet with transformer blocks to merge and is not a DiT that ToMe's "
-            f"kv mode reaches; supported DiTs: {', '.join(diffusers_dit.FAMILIES)} (mode='kv'), UNets: {SUPPORTED}."
+            f"kv mode reaches; supported DiTs (mode='kv'): {', '.join(diffusers_dit.supported_classes())}; "
+            f"UNets: {SUPPORTED}."
         )
     unets = check_patchable(model)
     require_all_blocks(config, type(model).__name__)

@@ -24,7 +24,7 @@ import torch
 
 from ..config import ToMeConfig
 from ..dit import diffusers_dit
-from ..dit.families import FAMILIES
+from ..dit.families import family_of
 from . import dit_models
 
 RANGES: Tuple[Tuple[float, float], ...] = ((0.0, 1.0), (0.0, 0.5), (0.5, 1.0), (0.0, 1 / 3), (1 / 3, 2 / 3),
@@ -44,8 +44,7 @@ def range_errors(family: str, blocks: int, ratio: float, peaked: float, dtype: t
     height, width, frames = size or SIZES[family]
     batch = 1 if family == "flux" else 2
     inputs = dit_models.make_dit_inputs(model, family, batch, height, width, frames=frames, seed=seed, dtype=dtype)
-    class_name = type(model).__name__
-    order = list(dict.fromkeys(name.rsplit(".", 1)[0] for name, _, _ in FAMILIES[class_name].attentions(model)))
+    order = list(dict.fromkeys(name.rsplit(".", 1)[0] for name, _, _ in family_of(model).attentions(model)))
     rows = []
     with dit_models.peaked_attention(model, peaked):
         expected = dit_models.guided(dit_models.forward(model, inputs), family)

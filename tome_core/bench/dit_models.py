@@ -67,10 +67,10 @@ def dit_config(family: str, blocks: int = 2, scale: str = "full") -> Tuple[str, 
 def _qk_parameters(model: torch.nn.Module) -> List[torch.Tensor]:
     """What sets the logit scale of every attention mode "kv" reduces: the q/k RMSNorm weights where
     the attention has them (all three families), else the q/k projections. Cross-attention is left alone."""
-    from ..dit.families import FAMILIES
+    from ..dit.families import family_of
 
     found = []
-    for _, attn, _ in FAMILIES[type(model).__name__].attentions(model):
+    for _, attn, _ in family_of(model).attentions(model):
         norms = [getattr(attn, n, None) for n in _QK_NORMS]
         norms = [n for n in norms if getattr(n, "weight", None) is not None]
         if norms:

@@ -1,4 +1,4 @@
-"""Mode "kv" on diffusers DiTs (Flux, SD3/3.5, Wan, HunyuanVideo) through per-module hooks; no diffusers import.
+"""Mode "kv" on diffusers DiTs (the families of ``families.TABLE``) through per-module hooks; no diffusers import.
 
 Where to act: these models apply RoPE and concatenate text with image tokens *inside* their
 attention processors, so the only point that sees the final (rotated, concatenated) keys is the
@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..config import ToMeConfig
 from ..hooks import not_compiled
-from .families import FAMILIES, TIMESTEP_ARG, default_block_start, find_dit, unsupported_dit
+from .families import FAMILIES, family_of, find_dit, supported_classes, unsupported_dit
 from .grid import TokenLayout
 from .kv import dit_window
 from .state import KVPatchState
@@ -51,10 +51,13 @@ class _KVMode(TorchFunctionMode):
         super().__init__()
         self.state, self.layout, self.keep, self.where = state, layout, keep, where
         self.sdpa_calls = 0
+        self.projections = 0  # F.linear calls: nonzero where the attention computed its q/k/v itself
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
+        if func is F.linear:
+            self.projections += 1
+        elif func is F.scaled_dot_product_attention:
             bound = dict(zip(_SDPA_ARGS, args), **kwargs)
             self.sdpa_calls += 1
             key, value, mask = bound["key"], bound["value"], bound.get("attn_mask")
@@ -78,7 +81,7 @@ class DiTState(KVPatchState):
 
     def __init__(self, model: torch.nn.Module, config: ToMeConfig, modules: List[Tuple[str, torch.nn.Module, str]]):
         super().__init__(config)
-        self.family = FAMILIES[type(model).__name__]
+        self.family = family_of(model)
         self.modules = modules
         self.handles: List[Any] = []
         self.current: Optional[Dict[str, Tuple[TokenLayout, torch.Tensor]]] = None
@@ -99,12 +102,11 @@ def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         return
     if layout.grid_tokens < max(config.min_tokens, 2):
         return
-    index, name = TIMESTEP_ARG[state.family.name]
-    timestep = kwargs.get(name, args[index] if len(args) > index else None)
+    spec = state.family.timestep
+    timestep = kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)
     # One host read per model call (not per block): the step drives the schedule and the seed.
     step = float(timestep.flatten()[0]) if isinstance(timestep, torch.Tensor) else float(timestep or 0.0)
-    progress = 1.0 - step / state.family.progress_scale
-    if not config.in_schedule(min(max(progress, 0.0), 1.0)):
+    if not config.in_schedule(spec.progress(step)):
         return
     window = dit_window(config.ratio, layout.grid, config.sx, config.sy)
     if all(s == 1 for s in window):
@@ -131,7 +133,10 @@ def _leave(state: DiTState):
         mode = state.modes.pop(id(module), None)
         if mode is not None:
             mode.__exit__(None, None, None)
-            if mode.sdpa_calls == 0:  # e.g. a global diffusers attention backend (flash-attn, sage, xformers)
+            # Projections but no SDPA: a global diffusers attention backend (flash-attn, sage, xformers) computed
+            # it. Neither: a cache (TaylorSeer, Pyramid Attention Broadcast, FasterCache) returned its stored
+            # output for this step; nothing was computed, so there is nothing to reduce and no error.
+            if mode.sdpa_calls == 0 and mode.projections > 0:
                 raise RuntimeError(
                     f"ToMe: {mode.where} computed attention without torch's scaled_dot_product_attention, so "
                     "mode 'kv' could not reduce it (a non-native diffusers attention backend?); use the native "
@@ -157,19 +162,18 @@ def _check_backends(model: torch.nn.Module, modules: List[Tuple[str, torch.nn.Mo
 
 def attention_names(model: torch.nn.Module) -> List[str]:
     """Names of the attentions mode "kv" can patch in ``model``, in block order (e.g. for ``blocks``)."""
-    return [name for name, _, _ in FAMILIES[type(model).__name__].attentions(model)]
+    return [name for name, _, _ in family_of(model).attentions(model)]
 
 
 def in_block_range(model: torch.nn.Module, modules: List[Tuple[str, torch.nn.Module, str]],
                    config: ToMeConfig) -> List[Tuple[str, torch.nn.Module, str]]:
     """The attentions whose block (the name without its last part, in depth order) is in config's range
-    (the model's default range where block_start is None: see ``families.default_block_start``).
+    (the model's default range where block_start is None: see ``families.Family.default_start``).
 
     Raises ValueError naming the model when the range holds none of its blocks.
     """
     order = list(dict.fromkeys(name.rsplit(".", 1)[0] for name, _, _ in modules))
-    single_from = next((i for i, block in enumerate(order) if block.startswith("single_")), 0)
-    default = default_block_start(FAMILIES[type(model).__name__].name, single_from, len(order))
+    default = family_of(model).default_start(model)
     if config.block_range(default) == (0.0, 1.0):
         return modules
     chosen = {block for index, block in enumerate(order) if config.block_on(index, len(order), default)}
@@ -189,7 +193,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[st
     tolerate reduction.
     """
     check_config(model, config)
-    family = FAMILIES[type(model).__name__]
+    family = family_of(model)
     modules = in_block_range(model, family.attentions(model), config)
     if blocks is not None:
         unknown = sorted(set(blocks) - {name for name, _, _ in modules})
@@ -213,4 +217,5 @@ def uninstall(model: torch.nn.Module) -> None:
             handle.remove()
 
 
-__all__ = ["STATE_ATTR", "check_config", "find_dit", "install", "uninstall", "unsupported_dit", "DiTState"]
+__all__ = ["FAMILIES", "STATE_ATTR", "check_config", "find_dit", "install", "supported_classes", "uninstall",
+           "unsupported_dit", "DiTState"]

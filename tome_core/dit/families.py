@@ -1,140 +1,341 @@
-"""Which diffusers DiTs mode "kv" reaches, and where their tokens sit (by class name: no diffusers import)."""
+"""The diffusers DiTs mode "kv" reaches, as data: one ``Family`` entry per model family.
+
+Each entry says which diffusers classes it is (matched by module *and* class name, so two classes
+with one name are never confused), where the text sits in the joint attention, which tokens after
+the grid keep every key (reference images, padding), the block lists in run order with the
+attentions to hook and whether the default block range reduces them, how the token grid follows
+from the call's inputs, and how the timestep maps to sampling progress. ``diffusers_dit`` only
+routes through this table; adding a family is one entry (plus its tests). No diffusers import.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from .grid import TokenLayout
 
-# Families whose default block range (no block_start given) is their single blocks only: on Flux nearly
-# all of kv's error comes from the double blocks (python -m tome_core.bench.dit_blocks; README "Which
-# blocks"), so reducing only the single blocks gives the lowest error per unit of speed-up. Other
-# families start at their first block. Shared by the diffusers and ComfyUI adapters.
-SINGLE_BLOCKS_BY_DEFAULT = frozenset({"flux"})
+TEXT_PLACES = ("first", "last", "separate", "none")
+_TRANSFORMERS = "diffusers.models.transformers."
 
 
-def default_block_start(family: str, single_from: int, count: int) -> float:
-    """The block_start a family uses when none is given: ``single_from / count`` (the first single
-    block's share of the depth) for SINGLE_BLOCKS_BY_DEFAULT families that have single blocks, else 0."""
-    return single_from / count if family in SINGLE_BLOCKS_BY_DEFAULT and 0 < single_from < count else 0.0
+@dataclass(frozen=True)
+class BlockList:
+    """One ``nn.ModuleList`` of blocks: its attribute, the attentions of each block to hook with their
+    kind ("joint": the layout with text; "image": grid-only self-attention), and whether the default
+    block range (no block_start given) reduces it."""
+
+    attr: str
+    attentions: Tuple[Tuple[str, str], ...]
+    default: bool = True
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """What a family's reader finds in one model call: the grid, the text length and the tokens
+    right after the grid that keep every key (references, padding)."""
+
+    grid: Tuple[int, ...]
+    text: int = 0
+    after: int = 0
+
+
+@dataclass(frozen=True)
+class Timestep:
+    """Where the timestep argument is, and its value at the first step (``scale``); ``rising``: it grows
+    from 0 to ``scale`` over sampling (Lumina 2 / Z-Image) instead of falling to 0."""
+
+    index: int
+    name: str
+    scale: float
+    rising: bool = False
+
+    def progress(self, value: float) -> float:
+        share = value / self.scale
+        return min(max(share if self.rising else 1.0 - share, 0.0), 1.0)
 
 
 @dataclass(frozen=True)
 class Family:
-    """name: family id; progress_scale: the timestep the model receives at the first step (t -> 0 at the end)."""
+    """One DiT family in diffusers.
+
+    classes: "module.Class" names of the host's model classes.
+    text: where the text sits in the joint attention ("first", "last"; "separate": a cross-attention,
+        never reduced, the hooked self-attention sees the grid only).
+    blocks: block lists in the order they run (the block range's depth order).
+    read: the call's grid, text and kept tokens, or None where they cannot be placed (left unreduced).
+    """
 
     name: str
-    progress_scale: float
-    attentions: Callable[[torch.nn.Module], List[Tuple[str, torch.nn.Module, str]]]
-    layout: Callable[[torch.nn.Module, dict], Optional[TokenLayout]]
+    classes: Tuple[str, ...]
+    text: str
+    blocks: Tuple[BlockList, ...]
+    read: Callable[[torch.nn.Module, dict], Optional[Tokens]]
+    timestep: Timestep
+
+    def __post_init__(self) -> None:
+        if self.text not in TEXT_PLACES:
+            raise ValueError(f"ToMe: family {self.name}: text must be one of {TEXT_PLACES}, got {self.text!r}.")
+
+    def attentions(self, model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, str]]:
+        """(name, attention module, kind) of every attention to hook, in run order."""
+        found = []
+        for blocks in self.blocks:
+            for i, block in enumerate(getattr(model, blocks.attr, None) or ()):
+                for attr, kind in blocks.attentions:
+                    module = getattr(block, attr, None)
+                    if module is not None:  # SD3.5's attn2 exists only in its dual-attention blocks
+                        found.append((f"{blocks.attr}.{i}.{attr}", module, kind))
+        return found
+
+    def default_start(self, model: torch.nn.Module) -> float:
+        """block_start when none is given: the share of the depth before the first default-reduced list."""
+        counts = [len(getattr(model, blocks.attr, None) or ()) for blocks in self.blocks]
+        total, before = sum(counts), 0
+        for blocks, count in zip(self.blocks, counts):
+            if blocks.default and count:
+                return before / total if 0 < before < total else 0.0
+            before += count
+        return 0.0
+
+    def layout(self, model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
+        tokens = self.read(model, call)
+        if tokens is None or len(tokens.grid) not in (2, 3) or min(tokens.grid) < 1:
+            return None
+        if self.text == "first":
+            return TokenLayout(tokens.grid, prefix=tokens.text, suffix=tokens.after)
+        if self.text == "last":
+            return TokenLayout(tokens.grid, suffix=tokens.after + tokens.text)
+        return TokenLayout(tokens.grid, suffix=tokens.after)
 
 
-def _sd3_attentions(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, str]]:
-    found = []
-    for i, block in enumerate(model.transformer_blocks):
-        found.append((f"transformer_blocks.{i}.attn", block.attn, "joint"))
-        if getattr(block, "attn2", None) is not None:  # SD3.5's dual attention: image tokens only
-            found.append((f"transformer_blocks.{i}.attn2", block.attn2, "image"))
-    return found
-
-
-def _wan_attentions(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, str]]:
-    return [(f"blocks.{i}.attn1", b.attn1, "image") for i, b in enumerate(model.blocks)]  # attn2: text only
-
-
-def _double_single_attentions(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, str]]:
-    """Flux and HunyuanVideo: double blocks (text joined inside the processor), then single blocks (joined before)."""
-    found = [(f"transformer_blocks.{i}.attn", b.attn, "joint") for i, b in enumerate(model.transformer_blocks)]
-    found += [(f"single_transformer_blocks.{i}.attn", b.attn, "joint")
-              for i, b in enumerate(model.single_transformer_blocks)]
-    return found
-
-
-def _arg(args: tuple, kwargs: dict, index: int, name: str):
+def _arg(call: dict, index: int, name: str):
+    args, kwargs = call["args"], call["kwargs"]
     return kwargs[name] if name in kwargs else (args[index] if len(args) > index else None)
 
 
-def _flux_layout(model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
-    """The image grid from ``img_ids`` (row, column per token), text first; None unless a plain raster.
-
-    One small host copy per transformer call (not per block). Anything else (Kontext's reference
-    tokens with a non-zero first id, shuffled ids) is left alone rather than mis-placed.
-    """
-    args, kwargs = call["args"], call["kwargs"]
-    hidden, text, ids = _arg(args, kwargs, 0, "hidden_states"), _arg(args, kwargs, 1, "encoder_hidden_states"), \
-        _arg(args, kwargs, 4, "img_ids")
-    if hidden is None or text is None or ids is None:
-        return None
-    ids = ids[0] if ids.ndim == 3 else ids
-    ids = ids.detach().to("cpu", torch.float64)
-    if ids.shape[0] != hidden.shape[1] or ids.shape[0] == 0:
-        return None
-    h, w = int(ids[:, 1].max()) + 1, int(ids[:, 2].max()) + 1
-    rows = torch.arange(h, dtype=torch.float64).repeat_interleave(w)
-    cols = torch.arange(w, dtype=torch.float64).repeat(h)
-    if h * w != ids.shape[0] or not (torch.equal(ids[:, 0], torch.zeros_like(rows)) and torch.equal(ids[:, 1], rows)
-                                     and torch.equal(ids[:, 2], cols)):
-        return None
-    return TokenLayout((h, w), prefix=text.shape[1])
+def _squeeze_frames(grid: Sequence[int]) -> Tuple[int, ...]:
+    """(1, h, w) -> (h, w): one frame is an image (the same picks as an image model's)."""
+    grid = tuple(int(n) for n in grid)
+    return grid[1:] if len(grid) == 3 and grid[0] == 1 else grid
 
 
-def _sd3_layout(model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
+def _raster(ids: torch.Tensor, h_col: int, w_col: int, zero_cols: Sequence[int]) -> Optional[Tuple[int, int]]:
+    """(h, w) when ``ids`` [N, k] are rows/columns of an h x w raster in order with ``zero_cols`` all 0."""
+    if ids.shape[0] == 0:
+        return None
+    h, w = int(ids[:, h_col].max()) + 1, int(ids[:, w_col].max()) + 1
+    if h * w != ids.shape[0]:
+        return None
+    rows = torch.arange(h, dtype=ids.dtype).repeat_interleave(w)
+    cols = torch.arange(w, dtype=ids.dtype).repeat(h)
+    if not (torch.equal(ids[:, h_col], rows) and torch.equal(ids[:, w_col], cols)
+            and all(bool((ids[:, c] == 0).all()) for c in zero_cols)):
+        return None
+    return h, w
+
+
+def _flux_ids(ids_index: int) -> Callable[[torch.nn.Module, dict], Optional[Tokens]]:
+    """Flux.1 / Chroma (``img_ids`` at ``ids_index``): the grid from ``img_ids`` (first id 0, row, column per
+    token), text first; None unless a plain raster. One small host copy per transformer call (not per
+    block). Kontext's reference tokens (first id 1) are not told from the grid here: such a call is left
+    alone rather than mis-placed."""
+
+    def read(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+        hidden, text = _arg(call, 0, "hidden_states"), _arg(call, 1, "encoder_hidden_states")
+        ids = _arg(call, ids_index, "img_ids")
+        if hidden is None or text is None or ids is None:
+            return None
+        ids = (ids[0] if ids.ndim == 3 else ids).detach().to("cpu", torch.float64)
+        if ids.shape[0] != hidden.shape[1]:
+            return None
+        grid = _raster(ids, 1, 2, (0,))
+        return None if grid is None else Tokens(grid, text=text.shape[1])
+
+    return read
+
+
+def _flux2_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """Flux.2: ids (t, h, w, l). The grid is the leading raster with t = l = 0; reference images follow it
+    with t = 10, 20, ... (diffusers' Flux2Pipeline) and keep every key."""
+    hidden, text, ids = _arg(call, 0, "hidden_states"), _arg(call, 1, "encoder_hidden_states"), \
+        _arg(call, 3, "img_ids")
+    if hidden is None or text is None or ids is None or _arg(call, 9, "kv_cache_mode") is not None:
+        return None
+    ids = (ids[0] if ids.ndim == 3 else ids).detach().to("cpu", torch.float64)
+    if ids.shape[0] != hidden.shape[1] or ids.shape[1] != 4:
+        return None
+    grid_len = int((ids[:, 0] == 0).sum())
+    if grid_len == 0 or not bool((ids[:grid_len, 0] == 0).all()) or not bool((ids[grid_len:, 0] != 0).all()):
+        return None
+    grid = _raster(ids[:grid_len], 1, 2, (3,))
+    return None if grid is None else Tokens(grid, text=text.shape[1], after=ids.shape[0] - grid_len)
+
+
+def _qwen_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """Qwen-Image: ``img_shapes`` [(frames, h, w), *references] per sample; [text, image, references]:
+    the first shape is the grid, the edit models' reference images after it keep every key."""
+    hidden, text, shapes = _arg(call, 0, "hidden_states"), _arg(call, 1, "encoder_hidden_states"), \
+        _arg(call, 4, "img_shapes")
+    if hidden is None or text is None or not shapes:
+        return None
+    per_sample = [[tuple(int(n) for n in s) for s in sample] for sample in
+                  (shapes if isinstance(shapes[0], (list, tuple)) and isinstance(shapes[0][0], (list, tuple))
+                   else [shapes])]
+    if any(sample != per_sample[0] for sample in per_sample) or any(len(s) != 3 for s in per_sample[0]):
+        return None
+    sizes = [math.prod(s) for s in per_sample[0]]
+    if sum(sizes) != hidden.shape[1]:
+        return None
+    return Tokens(_squeeze_frames(per_sample[0][0]), text=text.shape[1], after=sum(sizes[1:]))
+
+
+def _sd3_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Latent [B, C, H, W] -> grid (H/p, W/p); SD3's joint attention puts its text last."""
-    args, kwargs = call["args"], call["kwargs"]
-    hidden, text = _arg(args, kwargs, 0, "hidden_states"), _arg(args, kwargs, 1, "encoder_hidden_states")
+    hidden, text = _arg(call, 0, "hidden_states"), _arg(call, 1, "encoder_hidden_states")
     if hidden is None or text is None or hidden.ndim != 4:
         return None
     p = model.config.patch_size
-    return TokenLayout((hidden.shape[-2] // p, hidden.shape[-1] // p), suffix=text.shape[1])
+    return Tokens((hidden.shape[-2] // p, hidden.shape[-1] // p), text=text.shape[1])
 
 
-def _hunyuan_video_layout(model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
-    """Latent [B, C, F, H, W] -> grid (F/pt, H/p, W/p); HunyuanVideo's joint attention puts its text last
-    (its padded text tokens are masked; the mask's key axis is shortened with the keys)."""
-    args, kwargs = call["args"], call["kwargs"]
-    hidden, text = _arg(args, kwargs, 0, "hidden_states"), _arg(args, kwargs, 2, "encoder_hidden_states")
+def _hunyuan_video_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """Latent [B, C, F, H, W] -> grid (F/pt, H/p, W/p); text last (its padded tokens are masked; the mask's
+    key axis is shortened with the keys)."""
+    hidden, text = _arg(call, 0, "hidden_states"), _arg(call, 2, "encoder_hidden_states")
     if hidden is None or text is None or hidden.ndim != 5:
         return None
     p, pt = model.config.patch_size, model.config.patch_size_t
-    return TokenLayout((hidden.shape[2] // pt, hidden.shape[3] // p, hidden.shape[4] // p), suffix=text.shape[1])
+    return Tokens((hidden.shape[2] // pt, hidden.shape[3] // p, hidden.shape[4] // p), text=text.shape[1])
 
 
-def _wan_layout(model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
+def _wan_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Latent [B, C, F, H, W] -> grid (F/pt, H/ph, W/pw); attn1 sees video tokens only."""
-    hidden = _arg(call["args"], call["kwargs"], 0, "hidden_states")
+    hidden = _arg(call, 0, "hidden_states")
     if hidden is None or hidden.ndim != 5:
         return None
     pt, ph, pw = model.config.patch_size
-    return TokenLayout((hidden.shape[2] // pt, hidden.shape[3] // ph, hidden.shape[4] // pw))
+    return Tokens((hidden.shape[2] // pt, hidden.shape[3] // ph, hidden.shape[4] // pw))
 
 
-FAMILIES: Dict[str, Family] = {
-    "FluxTransformer2DModel": Family("flux", 1.0, _double_single_attentions, _flux_layout),
-    "SD3Transformer2DModel": Family("sd3", 1000.0, _sd3_attentions, _sd3_layout),
-    "WanTransformer3DModel": Family("wan", 1000.0, _wan_attentions, _wan_layout),
-    "HunyuanVideoTransformer3DModel": Family("hunyuan_video", 1000.0, _double_single_attentions, _hunyuan_video_layout),
-}
+def _lumina2_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """Lumina 2: [caption, image] per sample, the caption cut to its mask's length; the grid starts at the same
+    place in every sample only where all captions have one length (else left unreduced)."""
+    hidden, mask = _arg(call, 0, "hidden_states"), _arg(call, 3, "encoder_attention_mask")
+    if hidden is None or mask is None or hidden.ndim != 4:
+        return None
+    lengths = mask.sum(dim=1).tolist()  # diffusers' own rope embedder reads the same on the host
+    if len(set(lengths)) != 1:
+        return None
+    p = model.config.patch_size
+    return Tokens((hidden.shape[-2] // p, hidden.shape[-1] // p), text=int(lengths[0]))
 
-TIMESTEP_ARG = {"flux": (3, "timestep"), "sd3": (3, "timestep"), "wan": (1, "timestep"),
-                "hunyuan_video": (1, "timestep")}
+
+def _z_image_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """Z-Image (basic mode): per sample [image, image padding, caption, caption padding], each part padded
+    to 32 tokens, the samples padded to the longest. Images [C, F, H, W] of one size; the padding and the
+    caption after the grid keep every key. Omni mode (nested lists, SigLIP tokens) is left unreduced."""
+    images, captions = _arg(call, 0, "x"), _arg(call, 2, "cap_feats")
+    if not isinstance(images, (list, tuple)) or not isinstance(captions, (list, tuple)) or not images \
+            or not all(isinstance(x, torch.Tensor) and x.ndim == 4 for x in images) \
+            or any(x.shape != images[0].shape for x in images):
+        return None
+    p, pf = int(_arg(call, 7, "patch_size") or 2), int(_arg(call, 8, "f_patch_size") or 1)
+    _, frames, h, w = images[0].shape
+    grid = (frames // pf, h // p, w // p)
+    tokens = math.prod(grid)
+    multiple = 32  # diffusers' SEQ_MULTI_OF
+    padded = tokens + (-tokens) % multiple
+    caption = max(len(c) + (-len(c)) % multiple for c in captions)
+    return Tokens(_squeeze_frames(grid), text=caption, after=padded - tokens)
+
+
+def _ltx_grid(frames_index: int) -> Callable[[torch.nn.Module, dict], Optional[Tokens]]:
+    """LTX-Video / LTX-2 (``num_frames, height, width`` from ``frames_index`` on): packed video tokens of that
+    latent grid; the hooked self-attention sees them alone. A sequence longer than the grid (conditioning
+    tokens appended) is left unreduced."""
+
+    def read(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+        hidden = _arg(call, 0, "hidden_states")
+        sizes = [_arg(call, frames_index + i, name) for i, name in enumerate(("num_frames", "height", "width"))]
+        if hidden is None or hidden.ndim != 3 or any(s is None for s in sizes):
+            return None
+        grid = tuple(int(s) for s in sizes)
+        return Tokens(_squeeze_frames(grid)) if math.prod(grid) == hidden.shape[1] else None
+
+    return read
+
+
+_DOUBLE_SINGLE = (BlockList("transformer_blocks", (("attn", "joint"),)),
+                  BlockList("single_transformer_blocks", (("attn", "joint"),)))
+# Flux.1: nearly all of kv's error comes from the double blocks (python -m tome_core.bench.dit_blocks;
+# README "Which blocks"): the default range is its single blocks, the lowest error per unit of speed-up.
+_FLUX_BLOCKS = (BlockList("transformer_blocks", (("attn", "joint"),), default=False),
+                BlockList("single_transformer_blocks", (("attn", "joint"),)))
+
+TABLE: Tuple[Family, ...] = (
+    Family("flux", (_TRANSFORMERS + "transformer_flux.FluxTransformer2DModel",), "first", _FLUX_BLOCKS,
+           _flux_ids(4), Timestep(3, "timestep", 1.0)),
+    Family("chroma", (_TRANSFORMERS + "transformer_chroma.ChromaTransformer2DModel",), "first", _DOUBLE_SINGLE,
+           _flux_ids(3), Timestep(2, "timestep", 1.0)),
+    Family("flux2", (_TRANSFORMERS + "transformer_flux2.Flux2Transformer2DModel",), "first", _DOUBLE_SINGLE,
+           _flux2_tokens, Timestep(2, "timestep", 1.0)),
+    Family("qwen_image", (_TRANSFORMERS + "transformer_qwenimage.QwenImageTransformer2DModel",), "first",
+           (BlockList("transformer_blocks", (("attn", "joint"),)),), _qwen_tokens, Timestep(3, "timestep", 1.0)),
+    Family("sd3", (_TRANSFORMERS + "transformer_sd3.SD3Transformer2DModel",), "last",
+           (BlockList("transformer_blocks", (("attn", "joint"), ("attn2", "image"))),),  # attn2: SD3.5, image only
+           _sd3_tokens, Timestep(3, "timestep", 1000.0)),
+    Family("wan", (_TRANSFORMERS + "transformer_wan.WanTransformer3DModel",), "separate",
+           (BlockList("blocks", (("attn1", "image"),)),), _wan_tokens, Timestep(1, "timestep", 1000.0)),
+    Family("hunyuan_video", (_TRANSFORMERS + "transformer_hunyuan_video.HunyuanVideoTransformer3DModel",), "last",
+           _DOUBLE_SINGLE, _hunyuan_video_tokens, Timestep(1, "timestep", 1000.0)),
+    # Lumina 2 and Z-Image: the refiners see the caption or the image alone; the main layers the joint sequence.
+    Family("lumina2", (_TRANSFORMERS + "transformer_lumina2.Lumina2Transformer2DModel",), "first",
+           (BlockList("layers", (("attn", "joint"),)),), _lumina2_tokens, Timestep(1, "timestep", 1.0, rising=True)),
+    Family("z_image", (_TRANSFORMERS + "transformer_z_image.ZImageTransformer2DModel",), "last",
+           (BlockList("layers", (("attention", "joint"),)),), _z_image_tokens, Timestep(1, "t", 1.0, rising=True)),
+    Family("ltx_video", (_TRANSFORMERS + "transformer_ltx.LTXVideoTransformer3DModel",), "separate",
+           (BlockList("transformer_blocks", (("attn1", "image"),)),), _ltx_grid(4), Timestep(2, "timestep", 1000.0)),
+    # LTX-2: the video self-attention only; the audio self-attention and the audio-video cross-attentions
+    # keep every key (not hooked).
+    Family("ltx2", (_TRANSFORMERS + "transformer_ltx2.LTX2VideoTransformer3DModel",), "separate",
+           (BlockList("transformer_blocks", (("attn1", "image"),)),), _ltx_grid(10), Timestep(4, "timestep", 1000.0)),
+)
+
+FAMILIES: Dict[str, Family] = {family.name: family for family in TABLE}
+_BY_CLASS: Dict[str, Family] = {cls: family for family in TABLE for cls in family.classes}
+
+
+def class_path(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def family_of(model: object) -> Optional[Family]:
+    """The table entry of ``model``'s class (module and class name), else None."""
+    return _BY_CLASS.get(class_path(model))
+
+
+def supported_classes() -> List[str]:
+    return [cls.rsplit(".", 1)[1] for family in TABLE for cls in family.classes]
 
 
 def find_dit(model: object) -> Optional[torch.nn.Module]:
     """The supported DiT in ``model`` (itself or a pipeline's ``.transformer``), else None."""
     for candidate in (model, getattr(model, "transformer", None)):
-        if isinstance(candidate, torch.nn.Module) and type(candidate).__name__ in FAMILIES:
+        if isinstance(candidate, torch.nn.Module) and family_of(candidate) is not None:
             return candidate
     return None
 
 
 def unsupported_dit(model: object) -> Optional[str]:
-    """Class name of a transformer-only model that mode "kv" cannot reach (e.g. PixArt), else None."""
+    """Class name of a transformer-only model that mode "kv" cannot reach (e.g. PixArt, AuraFlow), else None."""
     for candidate in (model, getattr(model, "transformer", None)):
         name = type(candidate).__name__
-        if isinstance(candidate, torch.nn.Module) and name not in FAMILIES and (
-                name.endswith("Transformer2DModel") or name.endswith("Transformer3DModel")
+        if isinstance(candidate, torch.nn.Module) and family_of(candidate) is None and (
+                "Transformer" in name and not name.startswith("UNet")
                 or hasattr(candidate, "transformer_blocks") and not hasattr(candidate, "down_blocks")):
             return name
     return None
