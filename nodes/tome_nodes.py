@@ -69,8 +69,7 @@ ADVANCED_INPUTS = {
 KV_DOWNSAMPLE_INPUT = (list(KV_DOWNSAMPLES), {"default": "nearest", "tooltip":
                        "mode kv only: nearest keeps one real token per window (ToDo's default; lower error on "
                        "SD1.5 in our measurements), avg averages each window (lower on SDXL)."})
-# Optional for the same reason; not in RULE_INPUTS (their rule block_start < block_end is checked when
-# the node runs), so a bad value elsewhere is not also reported on them.
+# Optional for the same reason; their rule block_start < block_end is checked when the node runs.
 BLOCK_INPUTS = {
     "block_start": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 1.0, "step": 0.01, "tooltip":
                               "DiTs (Flux, SD3, Wan, HunyuanVideo) only: the share of the model's blocks, in depth order "
@@ -84,15 +83,15 @@ BLOCK_INPUTS = {
 }
 
 
-# The inputs the advanced node's validation function declares. ComfyUI (2024 and 0.3.75, execution.py
-# validate_inputs) reports a failed VALIDATE_INPUTS / validate_inputs on *every* input that function
-# declares (same message on each), and the function can only see what it declares. So it declares the
-# inputs of ToMeConfig's cross-input rules (ratio <= 1 - 1/(sx*sy); merge_crossattn needs mode merge;
-# start_percent <= end_percent), max_downsample (its rule {1, 2, 4, 8} is no min/max) and kv_downsample
-# (ComfyUI checks no V3 combo's options, and the 2024 one no optional input at all); use_rand,
-# tome_seed and min_tokens are range-checked by ComfyUI itself, on that input alone.
-RULE_INPUTS = ("ratio", "max_downsample", "sx", "sy", "mode", "merge_crossattn", "start_percent", "end_percent",
-               "kv_downsample")
+# The inputs the advanced node's validation function declares: mode alone. ComfyUI (2024, 0.3.75 and the
+# 2026-08 master, execution.py validate_inputs) reports a failed VALIDATE_INPUTS / validate_inputs on
+# *every* input the function declares, with the same message, and skips its own min/max (0.3.x) and
+# dropdown checks for those inputs. Every range is therefore left to ComfyUI, which reports it on that
+# input alone; only mode is declared, because ComfyUI 0.3.75 checks no V3 dropdown's options. The rules
+# that span inputs (ratio <= 1 - 1/(sx*sy), start_percent <= end_percent, merge_crossattn and
+# kv_downsample with their mode) and max_downsample in {1, 2, 4, 8} cannot be scoped to their inputs by
+# one function, so they are checked when the node runs, with a message naming those inputs.
+RULE_INPUTS = ("mode",)
 
 
 def _bound_error(spec: Dict[str, tuple], values: Dict[str, Any]) -> Optional[str]:
@@ -206,13 +205,10 @@ class ToMeAdvanced(ToMe):
                 "optional": {"kv_downsample": KV_DOWNSAMPLE_INPUT, **BLOCK_INPUTS}}
 
     @classmethod
-    def VALIDATE_INPUTS(cls, ratio=None, max_downsample=None, sx=None, sy=None, mode=None, merge_crossattn=None,
-                        start_percent=None, end_percent=None, kv_downsample=None):
-        values = dict(ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, mode=mode,
-                      merge_crossattn=merge_crossattn, start_percent=start_percent, end_percent=end_percent)
-        if kv_downsample is not None:  # absent in workflows saved before the input existed
-            values["kv_downsample"] = kv_downsample
-        return validate(cls.spec(), values)
+    def VALIDATE_INPUTS(cls, mode=None):
+        if mode is None or mode in MODES:  # None: linked, checked when the node runs
+            return True
+        return f"ToMe: mode must be one of {', '.join(MODES)}, got {mode!r}."
 
     def patch(self, model, ratio, max_downsample, sx, sy, use_rand, tome_seed, mode, merge_crossattn,
               start_percent, end_percent, min_tokens, kv_downsample="nearest", block_start=-1.0, block_end=1.0):

@@ -136,32 +136,39 @@ def declared(node, values: dict) -> dict:
 
 
 def test_validation_declares_only_the_inputs_of_its_rules(tome_package):
-    """ComfyUI reports a failed validation on every declared input: the basic node declares only
-    max_downsample (ratio's fixed bound is ComfyUI's own max check); the advanced node RULE_INPUTS."""
+    """ComfyUI reports a failed validation on every declared input and skips its own checks for them:
+    the basic node declares only max_downsample (ratio's fixed bound is ComfyUI's own max check); the
+    advanced node only mode (ComfyUI 0.3.75 checks no V3 dropdown), every range is ComfyUI's."""
     from tome_custom_node_under_test.nodes import tome_nodes
 
     assert inspect.getfullargspec(tome_nodes.ToMe.VALIDATE_INPUTS).args == ["cls", "max_downsample"]
     advanced = tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"]
-    assert inspect.getfullargspec(advanced.VALIDATE_INPUTS).args == ["cls", *tome_nodes.RULE_INPUTS]
-    undeclared = set(advanced.spec()) - set(tome_nodes.RULE_INPUTS) - {"model"}
-    # block_start < block_end is checked when the node runs (test_comfy_dit), so that a bad value elsewhere
-    # is not also reported on these two optional inputs.
-    assert undeclared == {"use_rand", "tome_seed", "min_tokens", "block_start", "block_end"}
+    assert inspect.getfullargspec(advanced.VALIDATE_INPUTS).args == ["cls", *tome_nodes.RULE_INPUTS] == ["cls", "mode"]
     for name in ("tome_seed", "min_tokens"):  # left to ComfyUI's own min check, on that input alone
         assert advanced.spec()[name][1]["min"] == 0
 
 
-@pytest.mark.parametrize("changes, field", [
-    (dict(ratio=0.9), "ratio"), (dict(max_downsample=3), "max_downsample"), (dict(sx=1, sy=1), "ratio"),
-    (dict(start_percent=0.7, end_percent=0.1), "start_percent"), (dict(mode="avg"), "mode"),
-    (dict(mode="kv", merge_crossattn=True), "merge_crossattn"), (dict(sx=9), "sx"),
-    (dict(mode="kv", kv_downsample="max"), "kv_downsample"),
-])
-def test_validate_inputs_names_the_bad_input(tome_package, changes, field):
+def test_validate_inputs_names_the_bad_mode(tome_package):
     node = tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"]
     assert node.VALIDATE_INPUTS(**declared(node, advanced_values())) is True
-    message = node.VALIDATE_INPUTS(**declared(node, advanced_values(**changes)))
-    assert isinstance(message, str) and field in message and message.startswith("ToMe:")
+    assert node.VALIDATE_INPUTS(mode=None) is True  # linked: checked when the node runs
+    message = node.VALIDATE_INPUTS(**declared(node, advanced_values(mode="avg")))
+    assert isinstance(message, str) and message.startswith("ToMe:") and "mode" in message and "'avg'" in message
+
+
+@pytest.mark.parametrize("changes, fields", [
+    (dict(ratio=0.9), ("ratio", "sx", "sy")), (dict(max_downsample=3), ("max_downsample",)),
+    (dict(sx=1, sy=1), ("ratio", "sx", "sy")), (dict(start_percent=0.7, end_percent=0.1), ("start_percent", "end_percent")),
+    (dict(mode="kv", merge_crossattn=True), ("mode", "merge_crossattn")), (dict(sx=9), ("sx",)),
+    (dict(mode="kv", kv_downsample="max"), ("kv_downsample",)),
+])
+def test_rules_across_inputs_are_refused_when_the_node_runs_naming_their_inputs(tome_package, changes, fields):
+    """What one validation function cannot report on its own inputs only is checked before patching."""
+    node = tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"]
+    with pytest.raises(ValueError) as caught:
+        node().patch(StandInPatcher(BaseModel(StandInUNet())), **advanced_values(**changes))
+    message = str(caught.value)
+    assert message.startswith("ToMe:") and all(field in message for field in fields), message
 
 
 def test_linked_widget_values_are_checked_when_the_node_runs(tome_package):
