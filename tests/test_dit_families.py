@@ -1,0 +1,419 @@
+"""Mode "kv" on the diffusers DiT families added from the family table (tome_core.dit.families): Chroma,
+Flux.2, Qwen-Image (and its edit models' reference tokens), Lumina 2, Z-Image, LTX-Video, LTX-2; their
+real classes, reduced in size, seeded weights. Also: models the table does not hold are refused naming
+them (AuraFlow; a class with a supported name from another module), and diffusers' step caches that
+skip an attention compose with kv on Flux."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+diffusers = pytest.importorskip("diffusers")
+
+from tome_core import apply_patch, is_patched, remove_patch  # noqa: E402
+from tome_core.dit.diffusers_dit import STATE_ATTR  # noqa: E402
+from tome_core.dit.families import family_of  # noqa: E402
+
+
+def _seed_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every weight random (diffusers zero-initialises some output layers: comparisons would pass trivially)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            fan_in = p.shape[-1] if p.dim() >= 2 else 16
+            p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+    return model.eval()
+
+
+def _raster_ids(h: int, w: int, columns: int, first: float = 0.0) -> torch.Tensor:
+    ids = torch.zeros(h, w, columns)
+    ids[..., 0] = first
+    ids[..., 1] = torch.arange(h)[:, None]
+    ids[..., 2] = torch.arange(w)[None, :]
+    return ids.reshape(-1, columns)
+
+
+def chroma(h: int = 6, w: int = 7, batch: int = 1, text: int = 5):
+    model = _seed_weights(diffusers.ChromaTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, axes_dims_rope=(4, 6, 6), approximator_num_channels=8, approximator_hidden_dim=32,
+        approximator_layers=1))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, h * w, 16, generator=g),
+                  encoder_hidden_states=torch.randn(batch, text, 32, generator=g), timestep=torch.full((batch,), 0.6),
+                  img_ids=_raster_ids(h, w, 3), txt_ids=torch.zeros(text, 3))
+    return model, inputs, dict(prefix=text, suffix=0, grid=(h, w))
+
+
+def flux2(h: int = 6, w: int = 7, batch: int = 1, text: int = 5, refs: bool = False):
+    """ids (t, h, w, l); with ``refs`` a 3 x 4 reference image follows the grid with t = 10 (Flux2Pipeline)."""
+    model = _seed_weights(diffusers.Flux2Transformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, timestep_guidance_channels=16, mlp_ratio=2.0, axes_dims_rope=(4, 4, 4, 4),
+        guidance_embeds=False))
+    g = torch.Generator().manual_seed(1)
+    ids = _raster_ids(h, w, 4)
+    if refs:
+        ids = torch.cat([ids, _raster_ids(3, 4, 4, first=10.0)])
+    inputs = dict(hidden_states=torch.randn(batch, ids.shape[0], 16, generator=g),
+                  encoder_hidden_states=torch.randn(batch, text, 32, generator=g), timestep=torch.full((batch,), 0.6),
+                  img_ids=ids, txt_ids=torch.zeros(text, 4))
+    return model, inputs, dict(prefix=text, suffix=ids.shape[0] - h * w, grid=(h, w))
+
+
+def qwen_image(h: int = 6, w: int = 7, batch: int = 1, text: int = 5, refs: bool = False):
+    """[text, image, references]: with ``refs`` an edit model's 3 x 4 reference image follows the grid."""
+    model = _seed_weights(diffusers.QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, axes_dims_rope=(4, 6, 6)))
+    g = torch.Generator().manual_seed(1)
+    shapes = [(1, h, w)] + ([(1, 3, 4)] if refs else [])
+    n = sum(f * a * b for f, a, b in shapes)
+    inputs = dict(hidden_states=torch.randn(batch, n, 16, generator=g),
+                  encoder_hidden_states=torch.randn(batch, text, 32, generator=g),
+                  encoder_hidden_states_mask=torch.ones(batch, text, dtype=torch.long),
+                  timestep=torch.full((batch,), 0.6), img_shapes=[shapes] * batch)
+    return model, inputs, dict(prefix=text, suffix=n - h * w, grid=(h, w))
+
+
+def lumina2(h: int = 12, w: int = 14, batch: int = 1, text: int = 5):
+    """[caption, image]; the timestep rises 0 -> 1 over sampling (Lumina2Pipeline passes 1 - t/1000)."""
+    model = _seed_weights(diffusers.Lumina2Transformer2DModel(
+        sample_size=16, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, num_refiner_layers=1,
+        num_attention_heads=2, num_kv_heads=1, multiple_of=16, axes_dim_rope=(8, 4, 4), axes_lens=(64, 32, 32),
+        cap_feat_dim=32))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, 4, h, w, generator=g), timestep=torch.full((batch,), 0.4),
+                  encoder_hidden_states=torch.randn(batch, text, 32, generator=g),
+                  encoder_attention_mask=torch.ones(batch, text, dtype=torch.long))
+    return model, inputs, dict(prefix=text, suffix=0, grid=(h // 2, w // 2))
+
+
+def z_image(h: int = 12, w: int = 14, batch: int = 1, text: int = 5):
+    """[image, image padding, caption, caption padding], each part padded to 32 tokens; rising timestep."""
+    model = _seed_weights(diffusers.ZImageTransformer2DModel(
+        in_channels=4, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2, n_kv_heads=2, cap_feat_dim=32,
+        axes_dims=[8, 4, 4], axes_lens=[256, 32, 32]))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(x=[torch.randn(4, 1, h, w, generator=g) for _ in range(batch)], t=torch.full((batch,), 0.4),
+                  cap_feats=[torch.randn(text, 32, generator=g) for _ in range(batch)])
+    n = (h // 2) * (w // 2)
+    return model, inputs, dict(prefix=0, suffix=(-n) % 32 + text + (-text) % 32, grid=(h // 2, w // 2))
+
+
+def ltx_video(frames: int = 3, h: int = 6, w: int = 5, batch: int = 1, text: int = 5):
+    model = _seed_weights(diffusers.LTXVideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        num_layers=2, caption_channels=16))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, frames * h * w, 8, generator=g),
+                  encoder_hidden_states=torch.randn(batch, text, 16, generator=g), timestep=torch.full((batch,), 600.0),
+                  encoder_attention_mask=torch.ones(batch, text, dtype=torch.long), num_frames=frames, height=h, width=w)
+    return model, inputs, dict(prefix=0, suffix=0, grid=(frames, h, w))
+
+
+def ltx2(frames: int = 3, h: int = 6, w: int = 5, batch: int = 1, text: int = 5, audio: int = 7):
+    """Video and audio streams: per block video self-attention (reduced), audio self-attention, text
+    cross-attentions and audio <-> video cross-attentions (every key kept)."""
+    model = _seed_weights(diffusers.LTX2VideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=8,
+        audio_cross_attention_dim=16, num_layers=2, caption_channels=16))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, frames * h * w, 8, generator=g),
+                  audio_hidden_states=torch.randn(batch, audio, 8, generator=g),
+                  encoder_hidden_states=torch.randn(batch, text, 16, generator=g),
+                  audio_encoder_hidden_states=torch.randn(batch, text, 16, generator=g),
+                  timestep=torch.full((batch,), 600.0), encoder_attention_mask=torch.ones(batch, text, dtype=torch.long),
+                  audio_encoder_attention_mask=torch.ones(batch, text, dtype=torch.long),
+                  num_frames=frames, height=h, width=w, audio_num_frames=audio)
+    return model, inputs, dict(prefix=0, suffix=0, grid=(frames, h, w))
+
+
+FAMILIES = {"chroma": chroma, "flux2": flux2, "qwen_image": qwen_image, "lumina2": lumina2, "z_image": z_image,
+            "ltx_video": ltx_video, "ltx2": ltx2}
+# Self-attentions over the layout per model call, in order: the ones the default range reduces.
+DEFAULT_REDUCED = {"chroma": 3, "flux2": 3, "qwen_image": 2, "lumina2": 2, "z_image": 2, "ltx_video": 2, "ltx2": 2}
+
+
+def run(model, inputs) -> torch.Tensor:
+    with torch.inference_mode():
+        out = model(**inputs, return_dict=False)[0]
+    return torch.stack(out) if isinstance(out, list) else out  # Z-Image returns one tensor per sample
+
+
+class SpyAttention(TorchFunctionMode):
+    """Records the real query/key/value of every scaled_dot_product_attention call, as the kernel gets them."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            names = ("query", "key", "value")
+            bound = dict(zip(names, args), **{k: v for k, v in kwargs.items() if k in names})
+            self.calls.append(tuple(bound[n].clone() for n in names))
+        return func(*args, **kwargs)
+
+
+def spied(model, inputs):
+    spy = SpyAttention()
+    with spy:
+        out = run(model, inputs)
+    return out, spy.calls
+
+
+def _length(where) -> int:
+    return where["prefix"] + int(torch.tensor(where["grid"]).prod()) + where["suffix"]
+
+
+def _reduced(vanilla, patched):
+    return [kb.shape[-2] < ka.shape[-2] for (_, ka, _), (_, kb, _) in zip(vanilla, patched)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_table_matches_the_real_class_by_module(family):
+    model, _, _ = FAMILIES[family]()
+    assert family_of(model).name == family
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ratio_zero_and_removal_are_bit_identical(family):
+    model, inputs, _ = FAMILIES[family]()
+    expected = run(model, inputs)
+    apply_patch(model, ratio=0.0, mode="kv")
+    assert is_patched(model) and torch.equal(run(model, inputs), expected)
+    apply_patch(model, ratio=0.5, mode="kv")
+    changed = run(model, inputs)
+    rel = ((changed - expected).norm() / expected.norm()).item()
+    assert 0 < rel < 1.0, rel
+    assert model.__dict__[STATE_ATTR].reduced_calls == DEFAULT_REDUCED[family]
+    remove_patch(model)
+    assert not is_patched(model) and STATE_ATTR not in model.__dict__
+    assert sum(len(m._forward_pre_hooks) + len(m._forward_hooks) + len(m._forward_pre_hooks_with_kwargs)
+               for m in model.modules()) == 0
+    assert torch.equal(run(model, inputs), expected)
+
+
+def _check_kept(family, vanilla, patched, where):
+    """Every query kept everywhere; only self-attentions over the whole layout are shortened; in the first
+    of them (same inputs with and without the patch) the text and the tokens after the grid keep every
+    key/value and each kept grid key is a real key of a different position."""
+    length, pre, suf = _length(where), where["prefix"], where["suffix"]
+    assert len(patched) == len(vanilla)
+    for (qa, ka, _), (qb, kb, vb) in zip(vanilla, patched):
+        assert qa.shape == qb.shape and kb.shape[-2] == vb.shape[-2]
+        over_layout = ka.shape[-2] == length == qa.shape[-2]
+        assert (kb.shape[-2] < ka.shape[-2]) == over_layout, (qa.shape, ka.shape, kb.shape)
+    first = next(i for i, (q, k, _) in enumerate(vanilla) if k.shape[-2] == length == q.shape[-2])
+    (q0, k0, v0), (q1, k1, v1) = vanilla[first], patched[first]
+    assert torch.equal(q0, q1)
+    n, m = k0.shape[-2], k1.shape[-2]
+    for kept, full in ((k1, k0), (v1, v0)):
+        assert torch.equal(kept[..., :pre, :], full[..., :pre, :])
+        assert torch.equal(kept[..., m - suf:, :], full[..., n - suf:, :])
+    img0, img1 = k0[0, 0, pre:n - suf], k1[0, 0, pre:m - suf]
+    match = (img1[:, None, :] == img0[None, :, :]).all(-1)
+    assert (match.sum(1) >= 1).all() and match.float().argmax(1).unique().numel() == img1.shape[0] < img0.shape[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_queries_text_and_non_grid_tokens_keep_every_key(family):
+    model, inputs, where = FAMILIES[family]()
+    _, vanilla = spied(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv", seed=4)
+    _, patched = spied(model, inputs)
+    _check_kept(family, vanilla, patched, where)
+
+
+@pytest.mark.parametrize("family", ["flux2", "qwen_image"])
+def test_reference_image_tokens_after_the_grid_keep_every_key(family):
+    """Flux.2's reference images (ids with t = 10) and Qwen-Image-Edit's (img_shapes after the first) follow
+    the grid: the grid is reduced, every reference key/value is kept."""
+    model, inputs, where = FAMILIES[family](refs=True)
+    assert where["suffix"] == 12
+    _, vanilla = spied(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv", seed=4)
+    _, patched = spied(model, inputs)
+    _check_kept(family, vanilla, patched, where)
+
+
+def test_ltx2_reduces_the_video_self_attention_only():
+    """Audio self-attention, text cross-attentions and both audio-video cross-attentions (whose keys are the
+    video tokens in video-to-audio) keep every key; the hooks sit on attn1 alone."""
+    model, inputs, where = ltx2()
+    _, vanilla = spied(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv")
+    _, patched = spied(model, inputs)
+    grid = _length(where)
+    assert sorted({name.rsplit(".", 1)[1] for name, _, _ in model.__dict__[STATE_ATTR].modules}) == ["attn1"]
+    video_to_audio = [i for i, (q, k, _) in enumerate(vanilla) if k.shape[-2] == grid != q.shape[-2]]
+    assert video_to_audio and all(patched[i][1].shape == vanilla[i][1].shape for i in video_to_audio)
+    assert sum(_reduced(vanilla, patched)) == 2  # one video self-attention per block
+
+
+@pytest.mark.parametrize("family,size", [("chroma", dict(h=5, w=3)), ("flux2", dict(h=3, w=7)),
+                                         ("qwen_image", dict(h=5, w=9)), ("lumina2", dict(h=10, w=6)),
+                                         ("z_image", dict(h=6, w=10)), ("ltx_video", dict(frames=1, h=5, w=7)),
+                                         ("ltx2", dict(frames=2, h=3, w=5))])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_odd_sizes_and_batches(family, size, batch):
+    model, inputs, _ = FAMILIES[family](batch=batch, **size)
+    expected = run(model, inputs)
+    apply_patch(model, ratio=0.75, mode="kv")
+    out = run(model, inputs)
+    assert out.shape == expected.shape and torch.isfinite(out).all() and not torch.equal(out, expected)
+    assert model.__dict__[STATE_ATTR].reduced_calls == DEFAULT_REDUCED[family]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16(family):
+    model, inputs, _ = FAMILIES[family]()
+    model = model.to(torch.bfloat16)
+
+    def cast(value):
+        if isinstance(value, list):
+            return [cast(v) for v in value]
+        return value.to(torch.bfloat16) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    inputs = {k: v if "ids" in k else cast(v) for k, v in inputs.items()}
+    expected = run(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv")
+    out = run(model, inputs)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all() and not torch.equal(out, expected)
+    remove_patch(model)
+    assert torch.equal(run(model, inputs), expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_default_block_range_is_every_block_and_a_range_picks_blocks(family):
+    """No block_start: every block of these families (only Flux.1 was measured to do better on its single
+    blocks); block_start=0.5 reduces the second half of the blocks, checked on the keys each attention gets."""
+    model, inputs, where = FAMILIES[family]()
+    _, vanilla = spied(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv")
+    _, default = spied(model, inputs)
+    over = [k.shape[-2] == _length(where) == q.shape[-2] for q, k, _ in vanilla]
+    assert _reduced(vanilla, default) == over and sum(over) == DEFAULT_REDUCED[family]
+    apply_patch(model, ratio=0.5, mode="kv", block_start=0.5)
+    _, half = spied(model, inputs)
+    indices = [i for i, o in enumerate(over) if o]
+    half_reduced = [i for i, r in enumerate(_reduced(vanilla, half)) if r]
+    assert half_reduced == indices[len(indices) // 2:]
+
+
+@pytest.mark.parametrize("family", ["lumina2", "z_image"])
+def test_a_rising_timestep_drives_the_schedule(family):
+    """Lumina 2 / Z-Image get t rising 0 -> 1 over sampling: t = 0.4 is 40 % of the way."""
+    model, inputs, _ = FAMILIES[family]()
+    expected = run(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv", start_percent=0.5)
+    assert torch.equal(run(model, inputs), expected)
+    apply_patch(model, ratio=0.5, mode="kv", end_percent=0.3)
+    assert torch.equal(run(model, inputs), expected)
+    apply_patch(model, ratio=0.5, mode="kv", start_percent=0.3, end_percent=0.5)
+    assert not torch.equal(run(model, inputs), expected)
+
+
+def test_z_image_captions_of_different_lengths_stay_after_the_grid():
+    """Samples padded to the longest caption: the grid starts at 0 in each, the rest keeps every key."""
+    model, inputs, where = z_image(batch=2)
+    inputs["cap_feats"][1] = torch.randn(40, 32, generator=torch.Generator().manual_seed(3))  # 64 tokens padded
+    where = dict(where, suffix=where["suffix"] - 32 + 64)
+    _, vanilla = spied(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv", seed=4)
+    _, patched = spied(model, inputs)
+    _check_kept("z_image", vanilla, patched, where)
+
+
+def test_lumina2_captions_of_different_lengths_are_left_unreduced(caplog):
+    """Lumina 2 puts each sample's image after its own caption length: no single layout, nothing reduced."""
+    model, inputs, _ = lumina2(batch=2)
+    inputs["encoder_attention_mask"][1, -2:] = 0
+    expected = run(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv")
+    with caplog.at_level("WARNING"):
+        assert torch.equal(run(model, inputs), expected)
+    assert model.__dict__[STATE_ATTR].reduced_calls == 0
+    assert "Lumina2Transformer2DModel: could not place the image tokens" in caplog.text
+
+
+def test_auraflow_is_refused_naming_it():
+    model = diffusers.AuraFlowTransformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, num_mmdit_layers=1, num_single_dit_layers=1,
+        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+        out_channels=4, pos_embed_max_size=16)
+    with pytest.raises(TypeError, match="AuraFlowTransformer2DModel has no UNet.*not a DiT.*supported DiTs.*"
+                                        "FluxTransformer2DModel"):
+        apply_patch(model, ratio=0.5, mode="kv")
+    assert not is_patched(model)
+
+
+def test_a_supported_class_name_from_another_module_is_refused():
+    """Classes are matched by module and name: a subclass named like Flux's, defined elsewhere, is refused."""
+    FluxTransformer2DModel = type("FluxTransformer2DModel", (diffusers.FluxTransformer2DModel,), {})
+    model = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                   pooled_projection_dim=32, axes_dims_rope=(4, 6, 6))
+    assert family_of(model) is None
+    with pytest.raises(TypeError, match="FluxTransformer2DModel has no UNet.*not a DiT"):
+        apply_patch(model, ratio=0.5, mode="kv")
+    assert not is_patched(model)
+
+
+# diffusers' step caches on a tiny Flux.1 (every block reduced, so the cached attentions are hooked ones).
+_CACHES = {
+    "taylorseer": lambda now: diffusers.TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=1,
+                                                              taylor_factors_dtype=torch.float32),
+    "pyramid_attention_broadcast": lambda now: diffusers.PyramidAttentionBroadcastConfig(
+        spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1001),
+        current_timestep_callback=lambda: now[0]),
+    "first_block_cache": lambda now: diffusers.FirstBlockCacheConfig(threshold=0.5),
+    "mag_cache": lambda now: diffusers.MagCacheConfig(threshold=0.5, num_inference_steps=5, mag_ratios=[1.0] * 5),
+}
+
+
+def _sampling_loop(model, inputs, now) -> torch.Tensor:
+    outs = []
+    for step in (0.9, 0.8, 0.7, 0.6, 0.5):
+        now[0] = step * 1000
+        inputs["timestep"] = torch.full((1,), step)
+        context = model.cache_context("cond") if hasattr(model, "_diffusers_hook") else contextlib.nullcontext()
+        with context:
+            outs.append(run(model, inputs))
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("cache", _CACHES)
+@pytest.mark.parametrize("order", ["cache_first", "tome_first"])
+def test_diffusers_caches_that_skip_an_attention_compose_with_kv(cache, order):
+    """A cached/skipped attention computes nothing (no projection, no SDPA): ToMe leaves it alone instead of
+    taking it for a non-SDPA backend (issue 20). Both act: at ratio 0 the cache's own output, at 0.5 another
+    one with attention calls reduced. FasterCache is not here: on Flux it fails without ToMe too (0.42.1)."""
+    sys_flux = pytest.importorskip("test_dit_diffusers").flux
+    model, inputs, _ = sys_flux(h=6, w=6)
+    now = [0.0]
+    vanilla = _sampling_loop(model, inputs, now)
+    model.enable_cache(_CACHES[cache](now))
+    cached = _sampling_loop(model, inputs, now)
+    assert not torch.equal(cached, vanilla)  # the cache acts
+    results = {}
+    for ratio in (0.0, 0.5):
+        model.disable_cache()
+        remove_patch(model)
+        if order == "cache_first":
+            model.enable_cache(_CACHES[cache](now))
+            apply_patch(model, ratio=ratio, mode="kv", block_start=0.0)
+        else:
+            apply_patch(model, ratio=ratio, mode="kv", block_start=0.0)
+            model.enable_cache(_CACHES[cache](now))
+        results[ratio] = _sampling_loop(model, inputs, now)
+        reduced = model.__dict__[STATE_ATTR].reduced_calls
+    assert torch.equal(results[0.0], cached)
+    assert reduced > 0 and not torch.equal(results[0.5], cached) and torch.isfinite(results[0.5]).all()
