@@ -7,8 +7,7 @@ from .levels import attention_base_downsample, grid_for_tokens
 from .merge import bipartite_soft_matching, kv_pick_index, kv_pool_window, make_partition, pool_tokens
 from .patch import apply_patch, is_patched, patch_config, remove_patch
 from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
-
-__version__ = "0.1.0"
+from ._version import __version__  # one source: [project] version in pyproject.toml
 
 __all__ = [
     "IDENTITY_PLAN",
