@@ -414,7 +414,7 @@ def test_every_attention_backend_comfyui_can_select_gets_the_shortened_keys(comf
 
     function = getattr(attention, backend)
     layout = TokenLayout((4, 5), prefix=3)
-    state = DiTKVPatch(ToMeConfig(ratio=0.5, mode="kv"), sigma_high=1.0, sigma_low=0.0, family=FAMILIES["Flux"],
+    state = DiTKVPatch(ToMeConfig(ratio=0.5, mode="kv"), sigma_high=1.0, sigma_low=0.0, family=FAMILIES["flux"],
                        block_offsets={"double": 0})
     keep = state.keep_for(layout, 0.5, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)

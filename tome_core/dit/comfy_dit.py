@@ -1,4 +1,4 @@
-"""Mode "kv" on ComfyUI's DiTs (Flux, SD3/MMDiT, Wan, HunyuanVideo) through its public patch API; duck typed, no comfy import.
+"""Mode "kv" on ComfyUI's DiTs (the families of ``comfy_families.TABLE``) through its public patch API; no comfy import.
 
 Two host mechanisms, both per patched clone: an APPLY_MODEL wrapper (``add_wrapper_with_key``,
 chained by ComfyUI itself) reads the latent and text shapes and the sigma of each model call, and
@@ -10,15 +10,14 @@ attention function itself. Installing per call is what lets it survive an overri
 """
 from __future__ import annotations
 
-import math
 import sys
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
 from ..config import ToMeConfig
-from . import families
+from .comfy_families import FAMILIES, ComfyFamily, block_offsets, default_start, family_of, supported_names, \
+    token_layout
 from .diffusers_dit import check_config
 from .grid import TokenLayout
 from .kv import dit_window
@@ -28,60 +27,22 @@ OVERRIDE = "optimized_attention_override"
 WRAPPER_KEY = "tome_dit_kv"
 APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 
-@dataclass(frozen=True)
-class ComfyFamily:
-    """How one of ComfyUI's DiT classes lays out its attention sequence and orders its blocks.
-
-    text: "first" where the text tokens precede the image grid in the joint attention (Flux, MMDiT),
-        "last" where they follow it (HunyuanVideo: [image, text]), "none" where self-attention sees
-        only image/video tokens (Wan).
-    blocks: the model's block lists in the order they run (the block range's depth order).
-    reports_blocks: the model sets transformer_options["block_type"/"block_index"] around each block
-        (comfy/ldm/flux/model.py, hunyuan_video/model.py), so a call's block is read, not counted.
-    """
-
-    name: str
-    text: str
-    blocks: Tuple[str, ...]
-    reports_blocks: bool = False
-
-
-_FLUX = ComfyFamily("flux", "first", ("double_blocks", "single_blocks"), reports_blocks=True)
-_SD3 = ComfyFamily("sd3", "first", ("joint_blocks",))  # mmdit.py: _block_mixing concatenates [context, x]
-# Wan: VACE runs its vace_blocks between the main ones, so its depth order is the order of the calls.
-_WAN = ComfyFamily("wan", "none", ("blocks", "vace_blocks"))
-# HunyuanVideo (and 1.5, HunyuanImage 2.1: same class): DoubleStreamBlock(flipped_img_txt=True) and the
-# single blocks see [image, text]; its text grows inside the model (byT5, vision tokens), so the tokens
-# after the grid are kept whole, whatever their number.
-_HUNYUAN = ComfyFamily("hunyuan_video", "last", ("double_blocks", "single_blocks"), reports_blocks=True)
-
-FAMILIES: Dict[str, ComfyFamily] = {
-    "Flux": _FLUX,
-    "OpenAISignatureMMDITWrapper": _SD3,
-    "MMDiT": _SD3,
-    "WanModel": _WAN,
-    "VaceWanModel": _WAN,
-    "CameraWanModel": _WAN,
-    "HunyuanVideo": _HUNYUAN,
-}
-
-
 def _diffusion_model(patcher: Any) -> Any:
     model = getattr(patcher, "model", None)
     return getattr(model, "diffusion_model", None)
 
 
 def _family_entry(diffusion_model: Any) -> Optional[ComfyFamily]:
-    """FAMILIES entry of a diffusion model, seen through torch.compile's OptimizedModule.
+    """Table entry of a diffusion model, seen through torch.compile's OptimizedModule.
 
     TorchCompileModel's APPLY_MODEL wrapper swaps ``diffusion_model`` for the compiled module while
     a call runs; when it was added before ToMe's wrapper, ToMe sees that module at call time.
     """
-    return FAMILIES.get(type(getattr(diffusion_model, "_orig_mod", diffusion_model)).__name__)
+    return family_of(diffusion_model)
 
 
 def dit_family(patcher: Any) -> Optional[str]:
-    """The family ("flux", "sd3", "wan", "hunyuan_video") of the patcher's diffusion model, or None."""
+    """The family (a ``comfy_families.FAMILIES`` name: "flux", "sd3", "wan", ...) of the patcher's model, or None."""
     entry = _family_entry(_diffusion_model(patcher))
     return entry.name if entry else None
 
@@ -89,39 +50,6 @@ def dit_family(patcher: Any) -> Optional[str]:
 def _host_has_override() -> bool:
     attention = sys.modules.get("comfy.ldm.modules.attention")
     return attention is None or hasattr(attention, "wrap_attn")  # wrap_attn is what calls the override
-
-
-def _grid(diffusion_model: Any, latent: torch.Tensor) -> Optional[Tuple[int, ...]]:
-    """Token grid of a latent [B, C, (T,) H, W] after the model's patch embedding (the host pads to the patch)."""
-    patch = diffusion_model.patch_size
-    patch = tuple(patch) if isinstance(patch, (tuple, list)) else (patch,) * (latent.ndim - 2)
-    if len(patch) != latent.ndim - 2:
-        return None
-    return tuple(math.ceil(n / p) for n, p in zip(latent.shape[2:], patch))
-
-
-def _layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tensor],
-            reference: Optional[torch.Tensor] = None) -> Optional[TokenLayout]:
-    """Token layout of one model call from the latent x, the text and the patch size.
-
-    Tokens after the grid (HunyuanVideo's text, Flux Kontext's reference images) are not part of the
-    layout: the override keeps them whole, whatever their number. HunyuanVideo puts reference-latent
-    tokens (``ref_latent``) before its grid: they become the prefix, kept whole too.
-    """
-    entry = _family_entry(diffusion_model)
-    grid = None if entry is None else _grid(diffusion_model, x)
-    if grid is None:
-        return None
-    if entry.text == "none":
-        return TokenLayout(grid)
-    if entry.text == "last":
-        if reference is None:
-            return TokenLayout(grid)
-        ref_grid = _grid(diffusion_model, reference)
-        return None if ref_grid is None else TokenLayout(grid, prefix=math.prod(ref_grid))
-    if context is None:
-        return None
-    return TokenLayout(grid, prefix=context.shape[1] + int(getattr(diffusion_model, "register_length", 0) or 0))
 
 
 def _dit(patcher_or_model: Any) -> Any:
@@ -136,15 +64,8 @@ def block_count(patcher_or_model: Any) -> int:
 
 
 def _block_offsets(patcher_or_model: Any) -> Tuple[Dict[str, int], Dict[str, int]]:
-    """Per block type ("double", "single", "joint", ...): the depth index of its first block, and its count."""
-    model = _dit(patcher_or_model)
-    entry = _family_entry(model)
-    offsets: Dict[str, int] = {}
-    counts: Dict[str, int] = {}
-    for name in entry.blocks if entry else ():
-        kind = name[: -len("_blocks")] if name.endswith("_blocks") else name
-        offsets[kind], counts[kind] = sum(counts.values()), len(getattr(model, name, None) or ())
-    return offsets, counts
+    """Per reported block type ("double", "single", "joint", ...): the depth index of its first block, and its count."""
+    return block_offsets(_dit(patcher_or_model))
 
 
 def has_image_only_attention(diffusion_model: Any) -> bool:
@@ -158,11 +79,7 @@ def has_image_only_attention(diffusion_model: Any) -> bool:
 
 def default_block_start(patcher_or_model: Any) -> float:
     """The block_start the model uses when none is given (Flux: its first single block's share of the depth)."""
-    model = _dit(patcher_or_model)
-    entry = _family_entry(model)
-    offsets, counts = _block_offsets(model)
-    return 0.0 if entry is None else families.default_block_start(entry.name, offsets.get("single", 0),
-                                                                  sum(counts.values()))
+    return default_start(_dit(patcher_or_model))
 
 
 def blocks_on(patcher_or_model: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...]]:
@@ -264,7 +181,7 @@ class DiTKVPatch(KVPatchState):
                             **kwargs: Any) -> Any:
         """APPLY_MODEL wrapper: set our override for this call only, restore what was there afterwards."""
         options = transformer_options if transformer_options is not None else {}
-        plan = self._plan(executor.class_obj, x, t, c_crossattn, kwargs.get("ref_latent"))
+        plan = self._plan(executor.class_obj, x, t, c_crossattn, kwargs)
         if plan is None:
             return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
         had, previous = OVERRIDE in options, options.get(OVERRIDE)
@@ -278,13 +195,12 @@ class DiTKVPatch(KVPatchState):
             else:
                 options.pop(OVERRIDE, None)
 
-    def _plan(self, base_model: Any, x: torch.Tensor, t: Any, context: Any, reference: Any = None) -> Optional[Tuple]:
+    def _plan(self, base_model: Any, x: torch.Tensor, t: Any, context: Any, extra: dict) -> Optional[Tuple]:
         config = self.config
         if not config.enabled:
             return None
         context = context if isinstance(context, torch.Tensor) else None
-        layout = _layout(base_model.diffusion_model, x, context,
-                         reference if isinstance(reference, torch.Tensor) else None)
+        layout = token_layout(base_model.diffusion_model, x, context, extra)
         if layout is None or layout.grid_tokens < max(config.min_tokens, 2):
             return None
         if all(s == 1 for s in dit_window(config.ratio, layout.grid, config.sx, config.sy)):
@@ -293,7 +209,7 @@ class DiTKVPatch(KVPatchState):
         sigma = float(t.detach().max()) if isinstance(t, torch.Tensor) else float(t)
         if not self.sigma_low <= sigma <= self.sigma_high:
             return None
-        ambiguous = context.shape[1] if context is not None and self.family.text == "none" else -1
+        ambiguous = context.shape[1] if context is not None and self.family.text == "separate" else -1
         if layout.length == ambiguous:
             self.warn_once("ambiguous", f"ToMe: {layout.grid_tokens} video tokens equal the text length; "
                            "this size is left unreduced (self- and cross-attention cannot be told apart).")
@@ -313,8 +229,10 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     diffusion_model = _diffusion_model(patcher)
     if _family_entry(diffusion_model) is None:
         name = type(getattr(diffusion_model, "_orig_mod", diffusion_model)).__name__
-        raise TypeError(f"ToMe: {name} is not a DiT that ToMe's kv mode can reach in ComfyUI; supported: "
-                        f"Flux, SD3/SD3.5 (MMDiT), Wan 2.x, HunyuanVideo. UNet models (SD1.x/SD2.x/SDXL) use the UNet patch.")
+        module = type(getattr(diffusion_model, "_orig_mod", diffusion_model)).__module__
+        raise TypeError(f"ToMe: {name} is not a DiT that ToMe's kv mode can reach in ComfyUI ({module}.{name}); "
+                        f"supported: "
+                        f"{supported_names()}. UNet models (SD1.x/SD2.x/SDXL) use the UNet patch.")
     check_config(diffusion_model, config)
     chosen = blocks_on(diffusion_model, config)
     if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():

@@ -1,0 +1,187 @@
+"""The ComfyUI DiTs mode "kv" reaches, as data: one ``ComfyFamily`` entry per model family (no comfy import).
+
+Classes are matched by module and class name (``comfy.ldm.aura.mmdit.MMDiT``, AuraFlow, is not SD3's
+``comfy.ldm.modules.diffusionmodules.mmdit.MMDiT``). Each entry says where the text sits in the joint
+attention, its block lists in run order with the block type the model reports for them, which the
+default range reduces, where the patch size is, and which tokens besides text keep every key.
+``comfy_dit`` only routes through this table. ComfyUI schedules by sigma (its model_sampling maps
+percent to sigma), so no timestep scale is needed here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from .grid import TokenLayout
+
+
+@dataclass(frozen=True)
+class ComfyBlocks:
+    """A block list: its attribute, the ``transformer_options["block_type"]`` the model sets around its
+    blocks (where it reports them), and whether the default block range reduces it."""
+
+    attr: str
+    reported: str
+    default: bool = True
+
+
+@dataclass(frozen=True)
+class ComfyFamily:
+    """How one family of ComfyUI DiT classes lays out its attention sequence and orders its blocks.
+
+    classes: "module.Class" of the diffusion models (``comfy.ldm...``).
+    text: "first" ([text, image]: Flux, MMDiT, Qwen-Image, Lumina 2), "last" ([image, text]: HunyuanVideo),
+        "separate" (a cross-attention; the self-attention sees only image/video tokens: Wan, LTXV).
+    blocks: the block lists in the order they run (the block range's depth order).
+    reports_blocks: the model sets transformer_options["block_type"/"block_index"] around each block,
+        so a call's block is read, not counted; tokens after the grid (references) then keep every key.
+    patch: attribute path of the patch size on the diffusion model.
+    pad_multiple: attribute holding the multiple the caption and the image are each padded to (Z-Image);
+        the caption padding joins the prefix, the image padding is kept after the grid.
+    conditioning: keyword of the model call whose tokens follow the grid as whole frames (LTXV's
+        keyframe_idxs: guide frames appended to the latent), kept whole.
+    """
+
+    name: str
+    classes: Tuple[str, ...]
+    text: str
+    blocks: Tuple[ComfyBlocks, ...]
+    reports_blocks: bool = False
+    patch: str = "patch_size"
+    pad_multiple: Optional[str] = None
+    conditioning: Optional[str] = None
+
+
+_DIFFUSIONMODULES = "comfy.ldm.modules.diffusionmodules."
+_DOUBLE_SINGLE = (ComfyBlocks("double_blocks", "double"), ComfyBlocks("single_blocks", "single"))
+
+TABLE: Tuple[ComfyFamily, ...] = (
+    # Flux.1, Flux.2 (same class, other parameters) and Kontext; measured: the single blocks by default.
+    ComfyFamily("flux", ("comfy.ldm.flux.model.Flux",), "first",
+                (ComfyBlocks("double_blocks", "double", default=False), ComfyBlocks("single_blocks", "single")),
+                reports_blocks=True),
+    ComfyFamily("chroma", ("comfy.ldm.chroma.model.Chroma", "comfy.ldm.chroma_radiance.model.ChromaRadiance"),
+                "first", _DOUBLE_SINGLE, reports_blocks=True),
+    ComfyFamily("qwen_image", ("comfy.ldm.qwen_image.model.QwenImageTransformer2DModel",), "first",
+                (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True),
+    ComfyFamily("sd3", (_DIFFUSIONMODULES + "mmdit.OpenAISignatureMMDITWrapper", _DIFFUSIONMODULES + "mmdit.MMDiT"),
+                "first", (ComfyBlocks("joint_blocks", "joint"),)),  # _block_mixing concatenates [context, x]
+    # Wan: VACE runs its vace_blocks between the main ones, so its depth order is the order of the calls.
+    ComfyFamily("wan", ("comfy.ldm.wan.model.WanModel", "comfy.ldm.wan.model.VaceWanModel",
+                        "comfy.ldm.wan.model.CameraWanModel"), "separate",
+                (ComfyBlocks("blocks", "blocks"), ComfyBlocks("vace_blocks", "vace"))),
+    # HunyuanVideo (and 1.5, HunyuanImage 2.1: same class): [image, text]; its text grows inside the model
+    # (byT5, vision tokens), so the tokens after the grid are kept whole, whatever their number.
+    ComfyFamily("hunyuan_video", ("comfy.ldm.hunyuan_video.model.HunyuanVideo",), "last", _DOUBLE_SINGLE,
+                reports_blocks=True),
+    # Lumina 2 and Z-Image: [caption (+ padding), image (+ padding)] in the main layers; the refiners see
+    # the caption or the image alone (other lengths: never reduced).
+    ComfyFamily("lumina2", ("comfy.ldm.lumina.model.NextDiT",), "first", (ComfyBlocks("layers", "layers"),),
+                pad_multiple="pad_tokens_multiple"),
+    ComfyFamily("ltxv", ("comfy.ldm.lightricks.model.LTXVModel",), "separate",
+                (ComfyBlocks("transformer_blocks", "transformer"),), patch="patchifier.patch_size",
+                conditioning="keyframe_idxs"),
+)
+
+FAMILIES: Dict[str, ComfyFamily] = {family.name: family for family in TABLE}
+_BY_CLASS: Dict[str, ComfyFamily] = {cls: family for family in TABLE for cls in family.classes}
+
+
+def base_model(diffusion_model: Any) -> Any:
+    """The diffusion model itself, seen through torch.compile's OptimizedModule."""
+    return getattr(diffusion_model, "_orig_mod", diffusion_model)
+
+
+def family_of(diffusion_model: Any) -> Optional[ComfyFamily]:
+    """The table entry of a diffusion model's class (module and class name), else None."""
+    cls = type(base_model(diffusion_model))
+    return _BY_CLASS.get(f"{cls.__module__}.{cls.__qualname__}")
+
+
+def supported_names() -> str:
+    return "Flux.1/Flux.2/Kontext, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), Wan 2.x " \
+           "(WanModel, VACE, Camera), HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
+
+
+def _attr_path(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def token_grid(diffusion_model: Any, latent: torch.Tensor) -> Optional[Tuple[int, ...]]:
+    """Token grid of a latent [B, C, (T,) H, W] after the model's patch embedding (the host pads to the patch)."""
+    entry = family_of(diffusion_model)
+    patch = None if entry is None else _attr_path(base_model(diffusion_model), entry.patch)
+    if patch is None:
+        return None
+    patch = tuple(int(p) for p in patch) if isinstance(patch, (tuple, list)) else (int(patch),) * (latent.ndim - 2)
+    if len(patch) != latent.ndim - 2:
+        return None
+    return tuple(math.ceil(n / p) for n, p in zip(latent.shape[2:], patch))
+
+
+def _padding(count: int, multiple: Optional[int]) -> int:
+    return (-count) % multiple if multiple else 0
+
+
+def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tensor],
+                 extra: Optional[Dict[str, Any]] = None) -> Optional[TokenLayout]:
+    """Token layout of one model call from the latent x, the text, the patch size and the call's keywords.
+
+    Tokens after the grid that the model adds itself (HunyuanVideo's text, Flux Kontext's and Qwen-Image-Edit's
+    reference images) are not part of the layout: the override keeps them whole, whatever their number.
+    HunyuanVideo puts reference-latent tokens (``ref_latent``) before its grid: they become the prefix.
+    """
+    entry, extra = family_of(diffusion_model), extra or {}
+    grid = None if entry is None else token_grid(diffusion_model, x)
+    if grid is None:
+        return None
+    model = base_model(diffusion_model)
+    if entry.text == "separate":
+        guide = extra.get(entry.conditioning) if entry.conditioning else None
+        if not isinstance(guide, torch.Tensor):
+            return TokenLayout(grid)
+        frame = math.prod(grid[1:])  # guide frames follow the video's frames in the latent: whole frames
+        kept = int(guide.shape[2])
+        if len(grid) != 3 or kept % frame or kept // frame >= grid[0]:
+            return None
+        return TokenLayout((grid[0] - kept // frame,) + grid[1:], suffix=kept)
+    if entry.text == "last":
+        reference = extra.get("ref_latent")
+        if not isinstance(reference, torch.Tensor):
+            return TokenLayout(grid)
+        ref_grid = token_grid(diffusion_model, reference)
+        return None if ref_grid is None else TokenLayout(grid, prefix=math.prod(ref_grid))
+    if context is None:
+        return None
+    multiple = int(getattr(model, entry.pad_multiple, 0) or 0) if entry.pad_multiple else 0
+    text = context.shape[1] + _padding(context.shape[1], multiple)
+    prefix = text + int(getattr(model, "register_length", 0) or 0)
+    return TokenLayout(grid, prefix=prefix, suffix=_padding(math.prod(grid), multiple))
+
+
+def block_offsets(diffusion_model: Any) -> Tuple[Dict[str, int], Dict[str, int]]:
+    """Per reported block type: the depth index of its first block, and its count."""
+    model, entry = base_model(diffusion_model), family_of(diffusion_model)
+    offsets: Dict[str, int] = {}
+    counts: Dict[str, int] = {}
+    for blocks in entry.blocks if entry else ():
+        offsets[blocks.reported], counts[blocks.reported] = sum(counts.values()), \
+            len(getattr(model, blocks.attr, None) or ())
+    return offsets, counts
+
+
+def default_start(diffusion_model: Any) -> float:
+    """block_start when none is given: the share of the depth before the first default-reduced list."""
+    entry = family_of(diffusion_model)
+    offsets, counts = block_offsets(diffusion_model)
+    total = sum(counts.values())
+    for blocks in entry.blocks if entry else ():
+        if blocks.default and counts[blocks.reported]:
+            before = offsets[blocks.reported]
+            return before / total if 0 < before < total else 0.0
+    return 0.0
