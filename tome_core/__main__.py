@@ -4,19 +4,23 @@ import sys
 HELP = """\
 usage: python -m tome_core <command> [options]
 
-tome_core: Token Merging (ToMe) for Stable Diffusion UNets (SD1.x, SD2.x, SDXL) -- the portable
-engine (torch only) behind the ComfyUI node and the WebUI extension.
+tome_core: Token Merging (ToMe) for diffusion models -- the portable engine (torch only) behind
+the ComfyUI nodes and the WebUI extension. It reaches:
+  UNets            Stable Diffusion SD1.x, SD2.x and SDXL: mode "merge" (merge tokens through the
+                   transformer blocks) or mode "kv" (attend to fewer keys/values)
+  transformers     Flux, SD3 / SD3.5 (MMDiT), Wan and HunyuanVideo: mode "kv"
 
 commands:
-  bench        benchmark vanilla vs tome_core's merge/kv modes vs tomesd: time, speed-up with
-               noise bands, output error, peak memory, attention kernel; CPU or CUDA, eager or
-               torch.compile. 'python -m tome_core bench --help' for options (also: tome-bench)
+  bench        benchmark vanilla vs tome_core's merge/kv modes vs tomesd (UNets) or vanilla vs
+               kv (Flux, SD3, Wan): time, speed-up with noise bands, output error, peak memory,
+               attention kernel; CPU or CUDA, eager or torch.compile.
+               'python -m tome_core bench --help' for options (also: tome-bench)
 
 use it from Python (diffusers):
   import tome_core
-  tome_core.apply_patch(pipe.unet, ratio=0.5, mode="kv")   # or mode="merge"
-  ...                                                      # sample as usual
-  tome_core.remove_patch(pipe.unet)
+  tome_core.apply_patch(pipe, ratio=0.5, mode="kv")   # its UNet or transformer; UNets: or "merge"
+  ...                                                 # sample as usual
+  tome_core.remove_patch(pipe)
 
 use it in a host (see README.md):
   ComfyUI           this repository in ComfyUI/custom_nodes: the "ToMe (token merging)" and

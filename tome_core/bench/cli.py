@@ -5,9 +5,16 @@ Default (about 2-3 minutes on 2 idle CPU cores): full SD1.5 UNet at 512x512, rat
 then at least 2 timed rounds, interleaved; more rounds (up to 5, within a 170 s budget) while
 the paired per-round ratios cannot tell the methods apart. --full: 512 and 768, 3 to 6 rounds
 (about 15 minutes on 2 cores). --tiny: the CI setting (tiny models of all three families, 64x64,
-1 round, seconds). --compile adds torch.compile'd rows. --gpu-suite: the GPU plan of issue 10 in
-one go. Writes results.json (every column defined under "metrics"), results.md and
-speedup_vs_error.png into --out; the printed table ends with a legend of its columns.
+1 round, seconds). --compile adds torch.compile'd rows. --gpu-suite: the GPU benchmark in one go
+(SD1.5 at 512/1024/2048 and SDXL at 1024, fp16, eager and compiled). Writes results.json (every
+column defined under "metrics"), results.md and speedup_vs_error.png (needs matplotlib) into
+--out; the printed table ends with a legend of its columns.
+
+Under load the numbers say only what the measurement supports: 'x vanilla' is the ratio of the
+median times; its band (about 95 %) widens with the spread of the paired rounds and with the
+share of time lost to other work ('lost %': vanilla's slower rounds, CPU waits); where bands
+overlap, methods share places ('2-3 (tied)'), and when other work took a third of the time or
+more, nothing is ranked ('too noisy: machine busy'): rerun on an idle machine.
 
 DiT families (--families flux, sd3, wan; not mixed with UNet families in one run): vanilla vs
 mode kv (merge and tomesd exist for UNets only), the real architecture at full width with
@@ -39,7 +46,7 @@ PRESETS = {
     "quick": dict(families="sd15", res="512", repeats=1, max_repeats=1),
     "full": dict(families="sd15", res="512,768", repeats=3, max_repeats=6),
 }
-# issue 10's GPU plan: (family, sizes); fp16, SDPA default, default methods, eager + compiled
+# the GPU benchmark: (family, sizes); fp16, SDPA default, default methods, eager + compiled
 GPU_SUITE = (("sd15", "512,1024,2048"), ("sdxl", "1024"))
 GPU_SUITE_ROUNDS = dict(repeats=3, max_repeats=6)
 
@@ -75,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     preset.add_argument("--full", action="store_true",
                         help="bigger run: sd15 at 512 and 768 px, 3 to 6 rounds, no time budget")
     preset.add_argument("--gpu-suite", action="store_true",
-                        help="issue 10's GPU plan: sd15 at 512/1024/2048 and sdxl at 1024, fp16, "
+                        help="the GPU benchmark: sd15 at 512/1024/2048 and sdxl at 1024, fp16, "
                              "default SDPA, eager and --compile, 3 to 6 rounds; --device cuda "
                              "unless given; --families/--res pick a part (e.g. --families sdxl)")
     p.add_argument("--families", type=_csv(str), default=None,
@@ -111,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"timed rounds at least, after the warm-up (default: {DEFAULTS['repeats']})")
     p.add_argument("--max-repeats", type=int, default=None,
                    help="timed rounds at most: rounds are added while the methods' noise bands "
-                        f"overlap (default: {DEFAULTS['max_repeats']}; = --repeats if that is larger)")
+                        "overlap or the machine is busy "
+                        f"(default: {DEFAULTS['max_repeats']}; = --repeats if that is larger)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds for the whole run after which no extra rounds start (default: "
                         f"{DEFAULTS['budget_s']:.0f} for the default run, none otherwise)")
@@ -144,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "ratio, and print where the time goes")
     p.add_argument("--out", type=Path, default=Path("bench_out"),
                    help="output folder for results.json, results.md and speedup_vs_error.png "
-                        "(default: ./bench_out)")
+                        "(the chart needs matplotlib) (default: ./bench_out)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
@@ -212,6 +220,22 @@ def _configs(args: argparse.Namespace) -> list[BenchConfig]:
     return [config_from_args(args, (f,), res) for f, res in parts]
 
 
+def busy_line(rows: list[dict]) -> str | None:
+    """One line when some case was refused for load: which, and how much time other work took."""
+    from .stats import BUSY
+
+    cases = {}
+    for r in rows:
+        if r.get("rank") == BUSY:
+            key = f"{r['family']} {r['width']}x{r['height']}"
+            cases[key] = max(cases.get(key, 0.0), r.get("interference") or 0.0)
+    if not cases:
+        return None
+    which = ", ".join(f"{k} ({100 * w:.0f} % lost)" for k, w in cases.items())
+    return (f"{BUSY}: other work took a third or more of the timed forwards' time in {which}; "
+            "the speed-ups above are not a result: rerun on an idle machine")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the process exit code (2: bad input, one line on stderr)."""
     args = build_parser().parse_args(argv)
@@ -234,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         print(f"python -m tome_core bench: error: {e}", file=sys.stderr)
         return 2
+    no_chart = report.chart_missing()  # said before the run, so nobody waits for a crash
+    if no_chart:
+        print(f"note: {no_chart}", file=sys.stderr)
     threads = args.threads or (PRESETS["tiny"]["threads"] if args.tiny else None)
     if threads:
         torch.set_num_threads(threads)
@@ -242,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     load, cores = env.get("load_avg_1min_at_start"), env.get("cpu_count") or 1
     if configs[0].device == "cpu" and load is not None and load > cores / 2:
         print(f"note: the machine is busy (load {load} on {cores} cores): timings will be noisy; "
-              "the noise bands and 'rank' say how much (more rounds: --max-repeats)",
+              "the noise bands, 'lost %' and 'rank' say how much (more rounds: --max-repeats)",
               file=sys.stderr)
     json_path = args.out / "results.json"
     rows: list[dict] = []
@@ -288,8 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     md = args.out / "results.md"
     md.write_text(report.format_markdown(
         rows, f"tome_core bench on {where}, {configs[0].dtype}, torch {env['torch']}"))
-    chart = report.write_chart(rows, args.out / "speedup_vs_error.png")
+    chart = None if no_chart else report.write_chart(rows, args.out / "speedup_vs_error.png")
     print(f"\nwrote {json_path}, {md}" + (f" and {chart}" if chart else ""))
+    if no_chart:
+        print(no_chart)
+    busy = busy_line(rows)
+    if busy:
+        print(busy, file=sys.stderr)
     first = estimates[0] if len(estimates) == 1 else None
     guess = (f" (estimated after the warm-up, {first['at_s']:.0f} s in: {first['total_s']:.0f} s"
              + (f", up to {first['total_up_to_s']:.0f} s" if first["total_up_to_s"] > first["total_s"] * 1.05 else "")

@@ -97,7 +97,7 @@ def run_case(model: torch.nn.Module, family: str, size: tuple[int, int], variant
     share: dict = {}
     m = _measure(model, inputs, variants, cfg, progress, clock, forward=_forward,
                  peaked=dit_models.peaked_attention, probe=_attention_probe(share))
-    ratios = stats.summarize({v: m.times[v] for v in variants}, vanilla=variants[0])
+    ratios = m.ratios(variants)
     ranks = stats.ranking(ratios)
     image, text = dit_models.token_counts(family, height, width, cfg.frames)
     a = share.get("share")

@@ -1,6 +1,7 @@
-"""Timing, peak memory and error measures for one UNet forward."""
+"""Timing, peak memory, CPU-wait and error measures for one model forward."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -53,6 +54,40 @@ def timed(fn: Forward, device: torch.device) -> tuple[float, torch.Tensor]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
+
+
+_TASKS = "/proc/self/task"
+
+
+def cpu_wait() -> float | None:
+    """Seconds this process's threads have spent runnable but waiting for a CPU, summed over
+    its threads (Linux ``/proc/self/task/*/schedstat``, second field); None where the kernel
+    does not tell. The difference around a forward, over its wall time, is the share of the
+    forward lost to other work on the machine (or to more threads than cores)."""
+    try:
+        tasks = os.listdir(_TASKS)
+    except OSError:
+        return None
+    total, seen = 0, False
+    for tid in tasks:
+        try:
+            with open(f"{_TASKS}/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+            seen = True
+        except (OSError, IndexError, ValueError):  # a thread that ended, or no schedstat
+            continue
+    return total / 1e9 if seen else None
+
+
+def timed_wait(fn: Forward, device: torch.device) -> tuple[float, torch.Tensor, float | None]:
+    """:func:`timed` plus the share of that time the threads waited for a CPU
+    (0..1; None on CUDA, where the GPU time does not wait on host threads, or unmeasurable)."""
+    before = cpu_wait() if device.type == "cpu" else None
+    seconds, out = timed(fn, device)
+    after = cpu_wait() if before is not None else None
+    if after is None or seconds <= 0:
+        return seconds, out, None
+    return seconds, out, min(max((after - before) / seconds, 0.0), 1.0)
 
 
 @dataclass(frozen=True)

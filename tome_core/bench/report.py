@@ -17,14 +17,28 @@ METRICS = {
               "CUDA: CUDA events, one synchronisation per forward)",
     "rounds": "timed rounds; each round runs every eager variant once, interleaved in a rotated "
               "order; more rounds run (up to the cap) while the noise bands overlap",
-    "speedup": "eager: median over rounds of t_vanilla / t_method, both timed in the same round "
-               "(paired, so load drifting between rounds cancels); compiled: median compiled "
-               "vanilla time / median compiled method time (compiled variants run in blocks)",
-    "speedup_low": "lower edge of the noise band: speedup - 2 * 1.4826 * MAD / sqrt(rounds) of "
-                   "the per-round ratios (like a boxplot notch; narrows with more rounds)",
-    "speedup_high": "upper edge of the noise band",
-    "rank": "1 = fastest; methods (vanilla included) whose noise bands overlap cannot be told "
-            "apart and get 'too noisy to rank'",
+    "speedup": "eager: median t_vanilla / median t_method over the timed rounds (so it agrees with "
+               "time_s); compiled: the same over the compiled vanilla times (compiled variants "
+               "run in blocks)",
+    "speedup_paired": "eager: median over rounds of t_vanilla / t_method, both timed in the same "
+                      "round (paired); the band covers both it and speedup",
+    "speedup_low": "lower edge of the noise band (about 95 %): speedup - h, where h = (s + d + "
+                   "speedup * w) / (1 - w), s = t(rounds - 1) * 1.4826 * MAD / sqrt(rounds) of "
+                   "the per-round paired ratios (Student-t 97.5 % quantile: 12.7 for 2 rounds, "
+                   "4.3 for 3, 2.0 for many), d = |speedup_paired - speedup|, w = interference; "
+                   "not below 0",
+    "speedup_high": "upper edge of the noise band: speedup + h",
+    "interference": "share of the time lost to other work (0..1), median over rounds of the "
+                    "larger of vanilla's stretch over its fastest round (1 - min / t) and the "
+                    "CPU wait of the paired forwards; widens the band, and at 1/3 or more "
+                    "nothing is ranked ('too noisy: machine busy')",
+    "cpu_wait": "per round: seconds this variant's threads were runnable but waited for a CPU "
+                "(Linux schedstat, summed over threads) / its time; null where not measurable "
+                "(CUDA, non-Linux)",
+    "rank": "places, 1 = fastest; '2-3 (tied)': bands overlap (directly or through a chain), so "
+            "these share their places; 'too noisy to rank': every band overlaps, nothing ranked; "
+            "'too noisy: machine busy': other work took 1/3 or more of the time; '1 round: "
+            "unranked': no noise estimate",
     "speedup_best": "min(t_vanilla) / min(t_method) over the rounds: other load only ever adds "
                     "time, so the fastest runs are the least disturbed",
     "speedup_vs_eager": "compiled rows: median eager vanilla time / median compiled time",
@@ -131,10 +145,15 @@ COLUMNS = [  # header, row key, format, legend
     ("run", "run", "s", "eager, or compiled with torch.compile (inductor) after patching"),
     ("ms", "time_ms", ".0f", "median time of one model forward, ms"),
     ("x vanilla", "speedup", ".2f",
-     "speed-up over vanilla: median of per-round paired t_vanilla/t_method (compiled rows: "
-     "over compiled vanilla)"),
-    ("+-", "noise", ".2f", "half-width of the noise band of 'x vanilla' (0 with one round)"),
-    ("rank", "rank", "s", "1 = fastest; overlapping noise bands: 'too noisy to rank'"),
+     "speed-up over vanilla: median vanilla ms / median ms (compiled rows: over compiled "
+     "vanilla)"),
+    ("+-", "noise", ".2f", "half-width of the noise band of 'x vanilla' (about 95 %; widened by "
+     "the paired rounds' spread, by the paired median if it differs, and by 'lost %'; 0 with one "
+     "round)"),
+    ("lost %", "lost_pct", ".0f", "% of the time lost to other work: median over rounds of "
+     "vanilla's stretch over its fastest round or the CPU wait, if larger"),
+    ("rank", "rank", "s", "places, 1 = fastest; 'a-b (tied)': overlapping bands share places; "
+     "'too noisy to rank': all bands overlap; 'too noisy: machine busy': 'lost %' >= 33"),
     ("x fastest", "speedup_best", ".2f", "fastest vanilla round / fastest round of the method"),
     ("x eager van", "speedup_vs_eager", ".2f", "compiled rows: speed-up over eager vanilla"),
     ("compile s", "compile_s", ".0f", "compiled rows: seconds of the first (compiling) call"),
@@ -157,6 +176,7 @@ def _cells(r: dict) -> dict:
     return dict(r, size=f"{r['width']}x{r['height']}" + (f"x{r['frames']}f" if r.get("frames") else ""),
                 tokens=f"{r['image_tokens']}+{r['text_tokens']}" if r.get("image_tokens") else None,
                 attn_pct=None if r.get("attn_share") is None else 100 * r["attn_share"],
+                lost_pct=None if r.get("interference") is None else 100 * r["interference"],
                 run="compiled" if r.get("compiled") else "eager",
                 time_ms=None if r.get("time_s") is None else 1000 * r["time_s"],
                 noise=None if r.get("speedup_low") is None else
@@ -216,12 +236,36 @@ _METHOD_STYLE = {"merge": ("tab:blue", "o"), "kv": ("tab:green", "s"), "kv-avg":
                  "tomesd": ("tab:red", "^")}
 
 
+def _bench_extra() -> str:
+    """How to install the benchmark's extras: by the distribution that holds tome_core when it
+    is installed (its name may change), else the generic hint."""
+    try:
+        dists = importlib.metadata.packages_distributions().get("tome_core") or []
+    except Exception:  # noqa: BLE001 - a broken environment only loses the exact name
+        dists = []
+    return f"pip install '{dists[0]}[bench]'" if dists else "the package's [bench] extra"
+
+
+def chart_missing() -> str | None:
+    """None when the chart can be drawn, else one line saying why not and how to get it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return (f"no chart: matplotlib is not installed (pip install matplotlib, or "
+                f"{_bench_extra()}); the table, results.json and results.md are complete")
+    return None
+
+
 def write_chart(rows: list[dict], path: Path) -> Path | None:
-    """Scatter of speed-up vs error for every non-vanilla row; one panel per error measure."""
+    """Scatter of speed-up vs error for every non-vanilla eager row, with the speed-up's noise
+    band as an error bar; one panel per error measure. Rows whose rank is not a single place
+    (tied, too noisy, machine busy) are drawn hollow. Needs matplotlib (see :func:`chart_missing`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from .stats import BUSY, is_rank
 
     rows = [r for r in rows if r["method"] != "vanilla" and r.get("speedup") is not None
             and not r.get("compiled")]
@@ -240,7 +284,10 @@ def write_chart(rows: list[dict], path: Path) -> Path | None:
             color, marker = _METHOD_STYLE.get(r["method"], ("tab:gray", "x"))
             name = r["method"] if r["method"] not in seen else None
             seen.add(r["method"])
-            ax.scatter(r[key], r["speedup"], c=color, marker=marker, label=name)
+            low, high = r.get("speedup_low"), r.get("speedup_high")
+            yerr = None if low is None else [[r["speedup"] - low], [min(high, 10 * r["speedup"]) - r["speedup"]]]
+            ax.errorbar(r[key], r["speedup"], yerr=yerr, color=color, marker=marker, label=name,
+                        capsize=3, lw=1, mfc=color if is_rank(r.get("rank")) else "none")
             ax.annotate(f"{r['family']} {r['width']}x{r['height']} r={r['ratio']:g}",
                         (r[key], r["speedup"]), fontsize=7, xytext=(4, 3),
                         textcoords="offset points")
@@ -248,10 +295,13 @@ def write_chart(rows: list[dict], path: Path) -> Path | None:
         ax.margins(x=0.25, y=0.15)  # room for the labels
         ax.set_xlim(0, ax.get_xlim()[1])  # errors from zero: no exaggerated differences
         ax.set_xlabel(title)
-        ax.set_ylabel("speed-up vs vanilla (x)")
+        ax.set_ylabel("speed-up vs vanilla (x), bar: noise band")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("Token merging: speed-up vs error (higher and further left is better)")
+    title = "Token merging: speed-up vs error (higher and further left is better)"
+    if any(r.get("rank") == BUSY for r in rows):
+        title += f"\n{BUSY}: these speed-ups are not a result"
+    fig.suptitle(title + "\nhollow: not ranked apart from the others (bands overlap)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

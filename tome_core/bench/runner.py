@@ -222,9 +222,15 @@ class _Measured:
     out_peaked: dict = field(default_factory=dict)  # output of the peaked UNet
     attention: dict = field(default_factory=dict)   # SDPA kernels used (device.kernels_used)
     times: dict = field(default_factory=dict)       # seconds per timed round
+    waits: dict = field(default_factory=dict)       # per round: share of it spent waiting for a CPU
     out: dict = field(default_factory=dict)         # output of the first timed round
     drift: float = 0.0                              # vanilla before vs after all patches
     compiled: dict = field(default_factory=dict)    # variant -> _compile_variant's dict
+
+    def ratios(self, variants: list[Variant]) -> dict:
+        """Speed-ups over ``variants[0]`` (vanilla) with their bands (see ``stats``)."""
+        return stats.summarize({v: self.times[v] for v in variants}, vanilla=variants[0],
+                               cpu_waits={v: self.waits.get(v) for v in variants})
 
 
 def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: Progress,
@@ -256,15 +262,16 @@ def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: 
     while True:
         t_round = 0.0
         for v in _round_robin(variants, rounds):
-            t, y = run(v, measure.timed)
+            t, y, wait = run(v, measure.timed_wait)
             t_round += t
             m.times.setdefault(v, []).append(t)
+            m.waits.setdefault(v, []).append(wait)
             m.out.setdefault(v, y)
         rounds += 1
         clock.round_done(t_round)
         if rounds < cfg.repeats:
             continue
-        ratios = stats.summarize({v: m.times[v] for v in variants}, vanilla=variants[0])
+        ratios = m.ratios(variants)
         if (rounds >= cfg.max_repeats or not stats.unsettled(ratios)
                 or not clock.room_for_round()):
             break
@@ -314,8 +321,10 @@ def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Meas
                device=cfg.device, method=v.method, ratio=v.ratio, label=v.label, compiled=False,
                attention=m.attention[v],
                time_s=statistics.median(m.times[v]), times_s=m.times[v], rounds=r.n,
-               # paired within each interleaved round, so drifting machine load cancels out
+               # ratio of the median times (what the ms column says), its band widened by the
+               # paired rounds' spread and by the time lost to other work
                speedup=r.median, speedup_low=r.low, speedup_high=r.high, rank=ranks[v],
+               speedup_paired=r.paired, interference=r.interference, cpu_wait=m.waits.get(v),
                # other load only ever adds time, so the fastest runs are the least disturbed
                speedup_best=min(m.times[base]) / min(m.times[v]))
     row["rel_err"], row["cfg_err"] = measure.errors(m.out[v], m.out[base], cfg.guidance)
@@ -359,12 +368,12 @@ def run_case(unet, family: str, size: tuple[int, int], variants: list[Variant],
     memory and the peaked-attention errors, then runs vanilla once more to check that removing
     the patches restored the model; ``cfg.repeats`` timed rounds follow on the plain UNet,
     each over all variants in a rotated order, and the first gives the plain errors; more
-    rounds follow, up to ``cfg.max_repeats`` (and ``cfg.budget_s``), while the noise bands of
-    the paired ratios overlap (see ``stats``). With ``cfg.compile``, compiled rows follow.
+    rounds follow, up to ``cfg.max_repeats`` (and ``cfg.budget_s``), while the noise bands
+    overlap or other work takes too much of the time (see ``stats``). With ``cfg.compile``, compiled rows follow.
     """
     clock = clock or Clock(cfg, len(variants), lambda _: None)
     m = _measure(unet, case_inputs(unet, family, size, cfg), variants, cfg, progress, clock)
-    ratios = stats.summarize({v: m.times[v] for v in variants}, vanilla=variants[0])
+    ratios = m.ratios(variants)
     ranks = stats.ranking(ratios)
     rows = [_row(family, size, v, variants[0], m, cfg, ranks, ratios) for v in variants]
     if cfg.compile:
