@@ -41,6 +41,8 @@ class ComfyFamily:
     patch: attribute path of the patch size on the diffusion model.
     pad_multiple: attribute holding the multiple the caption and the image are each padded to (Z-Image);
         the caption padding joins the prefix, the image padding is kept after the grid.
+    image_frames: the latent may carry a frame axis of size 1 ([B, C, 1, H, W]: Qwen-Image's Wan 2.1-format
+        latent), patched on its last two axes only.
     conditioning: keyword of the model call whose tokens follow the grid as whole frames (LTXV's
         keyframe_idxs: guide frames appended to the latent), kept whole.
     """
@@ -52,6 +54,7 @@ class ComfyFamily:
     reports_blocks: bool = False
     patch: str = "patch_size"
     pad_multiple: Optional[str] = None
+    image_frames: bool = False
     conditioning: Optional[str] = None
 
 
@@ -63,10 +66,8 @@ TABLE: Tuple[ComfyFamily, ...] = (
     ComfyFamily("flux", ("comfy.ldm.flux.model.Flux",), "first",
                 (ComfyBlocks("double_blocks", "double", default=False), ComfyBlocks("single_blocks", "single")),
                 reports_blocks=True),
-    ComfyFamily("chroma", ("comfy.ldm.chroma.model.Chroma", "comfy.ldm.chroma_radiance.model.ChromaRadiance"),
-                "first", _DOUBLE_SINGLE, reports_blocks=True),
     ComfyFamily("qwen_image", ("comfy.ldm.qwen_image.model.QwenImageTransformer2DModel",), "first",
-                (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True),
+                (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, image_frames=True),
     ComfyFamily("sd3", (_DIFFUSIONMODULES + "mmdit.OpenAISignatureMMDITWrapper", _DIFFUSIONMODULES + "mmdit.MMDiT"),
                 "first", (ComfyBlocks("joint_blocks", "joint"),)),  # _block_mixing concatenates [context, x]
     # Wan: VACE runs its vace_blocks between the main ones, so its depth order is the order of the calls.
@@ -102,7 +103,7 @@ def family_of(diffusion_model: Any) -> Optional[ComfyFamily]:
 
 
 def supported_names() -> str:
-    return "Flux.1/Flux.2/Kontext, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), Wan 2.x " \
+    return "Flux.1/Flux.2/Kontext, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), Wan 2.x " \
            "(WanModel, VACE, Camera), HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
 
 
@@ -118,6 +119,10 @@ def token_grid(diffusion_model: Any, latent: torch.Tensor) -> Optional[Tuple[int
     patch = None if entry is None else _attr_path(base_model(diffusion_model), entry.patch)
     if patch is None:
         return None
+    if entry.image_frames and latent.ndim == 5:
+        if latent.shape[2] != 1:
+            return None
+        latent = latent[:, :, 0]
     patch = tuple(int(p) for p in patch) if isinstance(patch, (tuple, list)) else (int(patch),) * (latent.ndim - 2)
     if len(patch) != latent.ndim - 2:
         return None

@@ -1,0 +1,193 @@
+"""Mode "kv" on ComfyUI DiT families of the table beyond test_comfy_dit's four: Flux.2 (the Flux class
+with Flux.2 parameters), Qwen-Image (and its edit models' reference latents), Lumina 2 and Z-Image (NextDiT),
+LTX-Video (LTXV, with guide frames); AuraFlow, whose class is also named MMDiT, is refused naming it.
+
+Reduced-size models built from comfy.supported_models classes with seeded weights, sampled by ComfyUI
+(comfy.sample.sample), attention inputs recorded by an override chained after ToMe's. Needs ComfyUI >=
+0.3.6x (.venv-comfy-next: ComfyUI 0.3.75); a family whose class the running ComfyUI lacks is skipped,
+naming the class.
+"""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from test_comfy_dit import _as_detected, _patcher, comfy, sample, spy_on  # noqa: F401 - comfy is a fixture
+
+from tome_core.config import ToMeConfig
+from tome_core.dit.comfy_dit import dit_family, patch_dit_model_patcher
+
+
+def _require(module: str, name: str):
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        pytest.skip(f"this ComfyUI has no {module}.{name}")
+
+
+def _cond(text: int, dim: int, **extra):
+    return [[torch.randn(1, text, dim, generator=torch.Generator().manual_seed(1)), dict(extra)]]
+
+
+def flux2(comfy):
+    flux_model = _require("comfy.ldm.flux.model", "Flux")
+    params = importlib.import_module("comfy.ldm.flux.model").FluxParams
+    if "global_modulation" not in getattr(params, "__dataclass_fields__", {}):
+        pytest.skip(f"this ComfyUI's {flux_model.__module__}.FluxParams has no Flux.2 parameters")
+    config_cls = _require("comfy.supported_models", "Flux2")
+    patcher = _patcher(comfy, config_cls, _as_detected(params, dict(
+        image_model="flux2", in_channels=16, patch_size=1, out_channels=16, vec_in_dim=None, context_in_dim=32,
+        hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=2, axes_dim=[4, 4, 4, 4],
+        theta=2000, qkv_bias=False, guidance_embed=False, global_modulation=True, mlp_silu_act=True, ops_bias=False,
+        default_ref_method="index", ref_index_scale=10.0), txt_ids_dims=[3]))
+    # ComfyUI's Flux2 model pads the text to 512 tokens before the call: the prefix is 512 long
+    return patcher, torch.zeros(1, 16, 5, 7), _cond(5, 32, pooled_output=torch.zeros(1, 32)), \
+        dict(prefix=512, grid=35, suffix=0), 3
+
+
+def qwen_image(comfy, refs: bool = False):
+    _require("comfy.ldm.qwen_image.model", "QwenImageTransformer2DModel")
+    patcher = _patcher(comfy, comfy.supported_models.QwenImage, dict(
+        image_model="qwen_image", patch_size=2, in_channels=64, out_channels=16, num_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6)))
+    extra = {}
+    if refs:  # Qwen-Image-Edit: a reference latent appended after the grid (3 x 4 = 12 tokens)
+        extra["reference_latents"] = [torch.randn(1, 16, 6, 8, generator=torch.Generator().manual_seed(5))]
+        extra["reference_latents"] = [extra["reference_latents"][0][:, :, None]]
+    # A Wan 2.1-format latent [B, C, 1, H, W]: the frame axis is one image
+    return patcher, torch.zeros(1, 16, 1, 10, 13), _cond(6, 32, **extra), dict(prefix=6, grid=35, suffix=0), 2
+
+
+def _lumina(comfy, config_cls, **config):
+    _require("comfy.ldm.lumina.model", "NextDiT")
+    return _patcher(comfy, config_cls, dict(dict(
+        image_model="lumina2", patch_size=2, in_channels=16, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2,
+        n_kv_heads=1, multiple_of=16, ffn_dim_multiplier=2.0, qk_norm=True, cap_feat_dim=32, axes_dims=[8, 4, 4],
+        axes_lens=[300, 32, 32]), **config))
+
+
+def lumina2(comfy):
+    patcher = _lumina(comfy, comfy.supported_models.Lumina2)
+    return patcher, torch.zeros(1, 16, 12, 10), _cond(5, 32), dict(prefix=5, grid=30, suffix=0), 2
+
+
+def z_image(comfy):
+    """Z-Image pads caption and image to 32 tokens each: [caption 5 + 27, image 30 + 2]."""
+    config_cls = _require("comfy.supported_models", "ZImage")
+    patcher = _lumina(comfy, config_cls, z_image_modulation=True, pad_tokens_multiple=32, time_scale=1000.0,
+                      dim=256, axes_dims=[32, 48, 48])  # its modulation takes a 256-wide time embedding
+    return patcher, torch.zeros(1, 16, 12, 10), _cond(5, 32), dict(prefix=32, grid=30, suffix=2), 2
+
+
+def ltxv(comfy):
+    _require("comfy.ldm.lightricks.model", "LTXVModel")
+    patcher = _patcher(comfy, comfy.supported_models.LTXV, dict(
+        image_model="ltxv", in_channels=16, cross_attention_dim=32, attention_head_dim=16, num_attention_heads=2,
+        caption_channels=32, num_layers=2))
+    return patcher, torch.zeros(1, 16, 3, 6, 5), _cond(7, 32, attention_mask=torch.ones(1, 7)), \
+        dict(prefix=0, grid=90, suffix=0), 2
+
+
+FAMILIES = {"flux2": flux2, "qwen_image": qwen_image, "lumina2": lumina2, "z_image": z_image,
+            "ltxv": ltxv}
+TABLE_NAME = {"flux2": "flux", "z_image": "lumina2"}
+
+
+def _seq(call) -> int:
+    return 2 if call[3] else 1
+
+
+def _spied(comfy, patcher, latent, cond, config=None):
+    base = patcher.clone()
+    calls = spy_on(base)
+    model = base if config is None else patch_dit_model_patcher(base, config)
+    sample(comfy, model, latent, cond, steps=1)
+    return calls
+
+
+def _check_kept(vanilla, patched, where, reduced_count):
+    """Every query kept; only self-attentions over the layout shortened (their count given); in the first one
+    (same inputs with and without the patch) text and tokens after the grid keep every key/value and the
+    kept grid keys are real keys of different positions."""
+    length = where["prefix"] + where["grid"] + where["suffix"]
+    assert len(vanilla) == len(patched) > 0
+    shortened = []
+    for a, b in zip(vanilla, patched):
+        s = _seq(a)
+        assert a[0].shape == b[0].shape and b[1].shape[s] == b[2].shape[s]
+        shortened.append(b[1].shape[s] < a[1].shape[s])
+        if shortened[-1]:
+            assert a[1].shape[s] >= length and a[0].shape[s] == a[1].shape[s]
+    assert sum(shortened) == reduced_count
+    first = shortened.index(True)
+    (q0, k0, v0, _), (q1, k1, v1, _) = vanilla[first], patched[first]
+    s, pre = _seq(vanilla[first]), where["prefix"]
+    n, m = k0.shape[s], k1.shape[s]
+    after = n - pre - where["grid"]  # suffix plus tokens the model appends (references)
+    assert torch.equal(q0, q1)
+    for kept, full in ((k1, k0), (v1, v0)):
+        assert torch.equal(kept.narrow(s, 0, pre), full.narrow(s, 0, pre))
+        assert torch.equal(kept.narrow(s, m - after, after), full.narrow(s, n - after, after))
+    img0 = k0.narrow(s, pre, where["grid"]).movedim(s, 1).flatten(2)[0]
+    img1 = k1.narrow(s, pre, m - pre - after).movedim(s, 1).flatten(2)[0]
+    match = (img1[:, None] == img0[None]).all(-1)
+    assert (match.sum(1) >= 1).all() and match.float().argmax(1).unique().numel() == img1.shape[0] < img0.shape[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_identity_bounded_change_and_original_untouched(comfy, family):
+    patcher, latent, cond, _, _ = FAMILIES[family](comfy)
+    assert dit_family(patcher) == TABLE_NAME.get(family, family)
+    expected = sample(comfy, patcher, latent, cond)
+    assert torch.isfinite(expected).all()
+    assert torch.equal(sample(comfy, patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.0, mode="kv")),
+                              latent, cond), expected)
+    on = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv"))
+    changed = sample(comfy, on, latent, cond)
+    rel = ((changed - expected).norm() / expected.norm()).item()
+    assert 0 < rel < 1.0, rel
+    assert torch.equal(sample(comfy, patcher, latent, cond), expected) and not patcher.wrappers.get("apply_model")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_queries_text_and_non_grid_tokens_keep_every_key(comfy, family):
+    """The default block range (every block of these families; Flux.2 runs through the Flux class, whose
+    default is its single blocks) on the real attention inputs."""
+    patcher, latent, cond, where, reduced = FAMILIES[family](comfy)
+    vanilla = _spied(comfy, patcher, latent, cond)
+    patched = _spied(comfy, patcher, latent, cond, ToMeConfig(ratio=0.5, mode="kv", seed=3))
+    _check_kept(vanilla, patched, where, 2 if family == "flux2" else reduced)
+
+
+def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
+    patcher, latent, cond, where, reduced = qwen_image(comfy, refs=True)
+    vanilla = _spied(comfy, patcher, latent, cond)
+    assert vanilla[0][1].shape[_seq(vanilla[0])] == where["prefix"] + where["grid"] + 12
+    patched = _spied(comfy, patcher, latent, cond, ToMeConfig(ratio=0.5, mode="kv", seed=3))
+    _check_kept(vanilla, patched, where, reduced)
+
+
+@pytest.mark.parametrize("family", ["qwen_image", "lumina2", "ltxv"])
+def test_block_range_reduces_the_second_half(comfy, family):
+    patcher, latent, cond, where, reduced = FAMILIES[family](comfy)
+    vanilla = _spied(comfy, patcher, latent, cond)
+    patched = _spied(comfy, patcher, latent, cond, ToMeConfig(ratio=0.5, mode="kv", block_start=0.5))
+    shortened = [b[1].shape[_seq(a)] < a[1].shape[_seq(a)] for a, b in zip(vanilla, patched)]
+    over = [i for i, a in enumerate(vanilla) if a[1].shape[_seq(a)] == a[0].shape[_seq(a)]
+            == where["prefix"] + where["grid"] + where["suffix"]]
+    assert len(over) == reduced and [i for i, s in enumerate(shortened) if s] == over[reduced // 2:]
+
+
+def test_auraflow_is_refused_naming_it_not_taken_for_sd3(comfy):
+    """ComfyUI's AuraFlow diffusion model is also a class named MMDiT (comfy.ldm.aura.mmdit): refused, naming
+    its module, not patched as SD3."""
+    _require("comfy.ldm.aura.mmdit", "MMDiT")
+    patcher = _patcher(comfy, comfy.supported_models.AuraFlow, dict(
+        in_channels=4, out_channels=4, patch_size=2, dim=32, n_layers=2, n_double_layers=1,
+        n_heads=2, global_conddim=32, cond_seq_dim=32, max_seq=64))
+    assert type(patcher.model.diffusion_model).__name__ == "MMDiT" and dit_family(patcher) is None
+    with pytest.raises(TypeError, match=r"MMDiT is not a DiT .*\(comfy\.ldm\.aura\.mmdit\.MMDiT\)"):
+        patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv"))
+    assert not patcher.wrappers.get("apply_model")
