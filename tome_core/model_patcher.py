@@ -18,6 +18,7 @@ through a cell in the closure made per ``patch_model_patcher`` call, never throu
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
@@ -145,6 +146,63 @@ def _same_tokens(a: Optional[torch.Tensor], n: torch.Tensor) -> bool:
     return isinstance(a, torch.Tensor) and a.dim() == 3 and a.shape[:2] == n.shape[:2]
 
 
+# Core ComfyUI nodes whose attn1_patch regroups the self-attention queries (by the module and name of
+# their patch function; duck typed, nothing imported). ComfyUI runs attn1 patches, and then attn1 output
+# patches, in registration order (not nested), so two such patches on one block see each other's tokens.
+REGROUPING_PARTNERS = {("nodes_hypertile", "hypertile_in"): "HyperTile", ("nodes_tomesd", "tomesd_m"): "TomePatchModel"}
+
+
+def partner_of(patch: Any) -> Optional[str]:
+    """The core node that registered ``patch`` if it regroups self-attention tokens, else None."""
+    # The module is "comfy_extras.nodes_hypertile", "nodes_hypertile" (2024) or, ComfyUI 0.3.x's loader,
+    # the file's path with "." spelled "_x_" (".../comfy_extras/nodes_hypertile_x_py").
+    module = getattr(patch, "__module__", "") or ""
+    module = re.split(r"[./\\]", module[:-len("_x_py")] if module.endswith("_x_py") else module)[-1]
+    return REGROUPING_PARTNERS.get((module, getattr(patch, "__name__", "")))
+
+
+def attn1_patches_of(patcher_or_options: Any) -> list:
+    """The attn1_patch list of a ModelPatcher, or of a transformer_options dict (as samplers pass it)."""
+    options = patcher_or_options
+    if not isinstance(options, dict):
+        options = (getattr(patcher_or_options, "model_options", None) or {}).get("transformer_options", {})
+    return list((options.get("patches") or {}).get("attn1_patch") or [])
+
+
+def refuse_partner_before(patcher: Any, config: ToMeConfig) -> None:
+    """Refuse, when the node runs, a regrouping partner already on the model that ToMe cannot act beside.
+
+    HyperTile before ToMe in mode merge: HyperTile moves the queries into the batch (tiles), merged
+    tokens cannot be copied back through its tiles, so ToMe would merge nothing HyperTile tiled.
+    (TomePatchModel before ToMe works: it merges the queries, ToMe the keys/values.)
+    """
+    if config.mode != "merge" or not config.enabled:
+        return
+    if "HyperTile" in {partner_of(patch) for patch in attn1_patches_of(patcher)}:
+        raise ValueError(
+            "ToMe: HyperTile is applied before ToMe (mode merge) on this model; both regroup the same "
+            "self-attention tokens, so ToMe would merge nothing HyperTile tiles. Use ToMe (advanced) in mode "
+            "kv, which acts beside HyperTile in either order, or one of the two nodes.")
+
+
+def refuse_partner_after(patches: list, own_patch: Callable, config: ToMeConfig) -> None:
+    """Refuse, at sampling before any attention, a regrouping partner registered after ToMe in mode merge:
+    it would see ToMe's merged tokens and silently do nothing (or tile them wrongly)."""
+    if config.mode != "merge" or own_patch not in patches:
+        return
+    after = [partner_of(patch) for patch in patches[patches.index(own_patch) + 1:]]
+    if "HyperTile" in after:
+        raise RuntimeError(
+            "ToMe: HyperTile is applied after ToMe (mode merge) on this model, and would tile nothing: ToMe "
+            "merges the self-attention tokens first. Use ToMe (advanced) in mode kv, which acts beside "
+            "HyperTile in either order, or one of the two nodes.")
+    if "TomePatchModel" in after:
+        raise RuntimeError(
+            "ToMe: ComfyUI's TomePatchModel is applied after ToMe (mode merge) on this model, and would merge "
+            "nothing: ToMe merges the same tokens first. Put TomePatchModel before ToMe (Load Checkpoint -> "
+            "TomePatchModel -> ToMe: it merges the queries, ToMe the keys/values), use mode kv, or one node.")
+
+
 APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 _OFF = object()  # a call's tables entry when ToMe is off at its step
 
@@ -165,6 +223,7 @@ class ComfyPatches:
     attn1_output: Callable
     apply_model_wrapper: Callable
     tables_key: str
+    partner_check: Optional[Callable] = None
     attn2: Optional[Callable] = None
     attn2_output: Optional[Callable] = None
 
@@ -180,6 +239,14 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
     windowed = window != SigmaWindow()
     tables_key = f"tome_tables_{id(merger):x}"  # one per patched model: two ToMe nodes never share it
     call_step = [0.0]  # the step key of the model call in progress, set by apply_model_wrapper
+    own_attn1: list = [None]  # this model's attn1 patch, to find the patches registered after it
+
+    def partner_check(h: torch.Tensor, transformer_options: dict) -> torch.Tensor:
+        # An input_block_patch, for hosts without model wrappers (2024 ComfyUI): it sees the sampler's
+        # transformer_options, patch lists included, after input block 0 and before any attention.
+        if transformer_options.get("block") == ("input", 0):
+            refuse_partner_after(attn1_patches_of(transformer_options), own_attn1[0], config)
+        return h
 
     def step_key_of(sigmas: Any) -> Optional[float]:
         """The step's sigma where the window or a random partition depends on it, else None (no read)."""
@@ -192,6 +259,7 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
         args = (c_concat, c_crossattn, control, transformer_options)
         if not isinstance(options, dict) or x.dim() != 4:
             return executor(x, t, *args, **kwargs)
+        refuse_partner_after(attn1_patches_of(options), own_attn1[0], config)
         sigma = step_key_of(t)  # the one host read of this model call
         if windowed and sigma is not None and not window.contains(sigma):
             options[tables_key] = _OFF
@@ -226,6 +294,27 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
             return IDENTITY_PLAN
         return merger.plan_at(n, grid, step_key=0.0 if sigma is None else sigma)
 
+    def reduce_keys_values(n: torch.Tensor, context: Any, value: Any, extra_options: dict, claim: str) -> tuple:
+        """Keys/values only, when an earlier patch regrouped the queries but left the keys/values on the
+        latent grid: TomePatchModel (queries merged, same batch) in both modes, HyperTile (queries tiled
+        into the batch) in mode kv, where the reduced keys still split evenly over its tiles (attention
+        reshapes the keys of each batch row into one contiguous run per tile)."""
+        if not (isinstance(context, torch.Tensor) and context.dim() == 3 and n.dim() == 3
+                and _same_tokens(value, context) and n.shape[0] % context.shape[0] == 0):
+            return n, context, value
+        tiles = n.shape[0] // context.shape[0]
+        if tiles > 1 and config.mode != "kv":
+            return n, context, value
+        plan = plan_for(context, extra_options)
+        if not plan.active:
+            return n, context, value
+        reduce = plan.reduce_kv if config.mode == "kv" else plan.merge
+        context_r = reduce(context)
+        if tiles > 1 and context_r.shape[1] % tiles:
+            return n, context, value
+        extra_options[claim] = True
+        return n, context_r, context_r if value is context else reduce(value)
+
     def slot_patches(kind: str) -> Tuple[Callable, Callable]:
         # The plan of the block being evaluated and the [B, N'] its attention output must have,
         # handed from ``before`` to ``after`` (called back to back by the same block).
@@ -237,6 +326,8 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
             # ToMe patch (a second ToMe node upstream) marks the block so that only the first one acts.
             plan = IDENTITY_PLAN if extra_options.get(claim) else plan_for(n, extra_options)
             pending[:] = [plan, None]
+            if not plan.active and kind == "attn1" and not extra_options.get(claim):
+                return reduce_keys_values(n, context, value, extra_options, claim)
             if not plan.active:
                 return n, context, value
             extra_options[claim] = True
@@ -265,8 +356,9 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
         return before, after
 
     attn1, attn1_output = slot_patches("attn1")
-    patches = ComfyPatches(attn1=attn1, attn1_output=attn1_output,
-                           apply_model_wrapper=apply_model_wrapper, tables_key=tables_key)
+    own_attn1[0] = attn1
+    patches = ComfyPatches(attn1=attn1, attn1_output=attn1_output, apply_model_wrapper=apply_model_wrapper,
+                           tables_key=tables_key, partner_check=partner_check)
     if config.merge_crossattn and config.mode == "merge":
         patches.attn2, patches.attn2_output = slot_patches("attn2")
     return patches
@@ -290,6 +382,7 @@ def check_model_patcher(patcher: Any, config: ToMeConfig) -> Tuple[int, SigmaWin
                          "feed-forward); set merge_mlp=False.")
     base = base_downsample_of(patcher)  # refuses non-UNets, naming the model, before the block range
     require_all_blocks(config, model_type_name(patcher))
+    refuse_partner_before(patcher, config)
     return base, sigma_window(patcher, config)
 
 
@@ -305,6 +398,8 @@ def patch_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     patches = make_patches(config, base, window)
     if callable(getattr(clone, "add_wrapper_with_key", None)):
         clone.add_wrapper_with_key(APPLY_MODEL, patches.tables_key, patches.apply_model_wrapper)
+    elif callable(getattr(clone, "set_model_input_block_patch", None)):
+        clone.set_model_input_block_patch(patches.partner_check)
     if config.merge_attn or config.mode == "kv":
         clone.set_model_attn1_patch(patches.attn1)
         clone.set_model_attn1_output_patch(patches.attn1_output)

@@ -67,3 +67,7 @@ class TomeTestAfter:
 
 NODE_CLASS_MAPPINGS = {"TomeTestDiTLoader": TomeTestDiTLoader, "TomeTestModelReport": TomeTestModelReport,
                        "TomeTestAfter": TomeTestAfter}
+
+from .compose_nodes import NODE_CLASS_MAPPINGS as _COMPOSE_NODES  # noqa: E402
+
+NODE_CLASS_MAPPINGS.update(_COMPOSE_NODES)
