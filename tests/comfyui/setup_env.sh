@@ -24,6 +24,14 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 PY="$VENV/bin/python"
 
 [ -x "$PY" ] || python3 -m venv "$VENV"
+# Skip pip entirely when this venv was built from the same files (tests/env_stamp.sh).
+export TOME_ENV_EXTRA="$FLAVOUR $TORCH_SPEC ${TOME_COMFYUI_DIR:-}"
+stamp_inputs=(tests/comfyui/setup_env.sh requirements-comfy-test.txt)
+[ -z "${TOME_COMFYUI_DIR:-}" ] || stamp_inputs+=("$TOME_COMFYUI_DIR/requirements.txt")
+if bash tests/env_stamp.sh check "$VENV" "${stamp_inputs[@]}"; then
+  echo "$VENV is up to date"
+  exit 0
+fi
 constraints="$(mktemp)"
 comfy_requirements="$(mktemp)"
 trap 'rm -f "$constraints" "$comfy_requirements"' EXIT
@@ -41,6 +49,7 @@ install_requirements_of() {  # the ComfyUI folder's requirements.txt, less what 
 
 if [ -n "${TOME_COMFYUI_DIR:-}" ]; then
   install_requirements_of "$TOME_COMFYUI_DIR"
+  bash tests/env_stamp.sh write "$VENV" "${stamp_inputs[@]}"
   echo "ComfyUI test env ready for $TOME_COMFYUI_DIR"
   exit 0
 fi
@@ -58,3 +67,4 @@ assert (root / "main.py").is_file(), root
 version = (root / "comfyui_version.py").read_text().split('"')[1] if (root / "comfyui_version.py").is_file() else "2024"
 print(f"ComfyUI test env ready: torch {torch.__version__}, ComfyUI {version} at {root}")
 PY
+bash tests/env_stamp.sh write "$VENV" "${stamp_inputs[@]}"
