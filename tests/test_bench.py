@@ -125,13 +125,29 @@ def test_module_help_in_a_subprocess():
     (["--families", "flux", "--res", "1000"], "DiT sizes must be multiples of 16 px"),
     (["--families", "flux", "--compile"], "--compile is for UNet families only"),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, message):
-    """What a user sees: one line naming the fix, exit code 2, no traceback."""
-    proc = subprocess.run([sys.executable, "-m", "tome_core", "bench", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    """What a user sees: one line naming the fix, exit code 2, no traceback. In process (the module's
+    own main, as ``python -m tome_core`` calls it); test_bad_input_in_a_real_process runs one case as a
+    user's shell does."""
+    from tome_core.__main__ import main
+
+    try:
+        code = main(["bench", *args])
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in err
+
+
+def test_bad_input_in_a_real_process():
+    """The same refusal from ``python -m tome_core bench`` in a subprocess: exit code 2, one line."""
+    proc = subprocess.run([sys.executable, "-m", "tome_core", "bench", "--families", "flux", "--compile"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+    assert len(lines) == 1 and "--compile is for UNet families only" in lines[0] and "Traceback" not in proc.stderr
 
 
 def test_cuda_checks_on_a_cuda_torch(monkeypatch):
