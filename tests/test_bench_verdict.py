@@ -297,3 +297,54 @@ def test_help_describes_the_package_and_never_the_projects_issues(capsys):
     bench_help = build_parser().format_help()
     assert "issue" not in (text + bench_help).lower()
     assert "--gpu-suite" in bench_help and "machine busy" in bench_help
+
+
+def test_kinds_of_model_plug_into_one_runner_without_an_import_cycle(monkeypatch):
+    """A new kind is one object in runner.KINDS: the runner builds it, runs its rounds and rows;
+    the kinds' modules never import the runner (it imports them)."""
+    import ast
+    from pathlib import Path
+
+    from tome_core.bench import family, runner
+
+    bench = Path(runner.__file__).parent
+    for name in ("dit_runner", "unet_family", "family", "measure", "stats", "methods"):
+        tree = ast.parse((bench / f"{name}.py").read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "runner" not in imported, name
+
+    class Toy:
+        kind, names, methods, skipped = "toy", ("toy",), ("vanilla",), {}
+        compiles, defaults_in_config = False, False
+
+        def check(self, cfg, method_names):
+            if cfg.blocks > 9:
+                raise ValueError("toy: at most 9 blocks")
+
+        def default_sizes(self, name):
+            return ((16, 8),)
+
+        def default_batch(self, name):
+            return 3
+
+        def build(self, name, cfg):
+            return torch.nn.Linear(4, 4)
+
+        def case(self, model, name, size, cfg):
+            return family.Case(torch.ones(cfg.batch_for(name), 4), lambda m, x: m(x).float(),
+                               lambda m, factor: contextlib.nullcontext(m),
+                               extra=lambda: {"toy_field": size[0]})
+
+    monkeypatch.setattr(runner, "KINDS", runner.KINDS + (Toy(),))
+    monkeypatch.setattr(runner, "ALL_FAMILIES", runner.ALL_FAMILIES + ("toy",))
+    with pytest.raises(ValueError, match="toy: at most 9 blocks"):
+        runner.BenchConfig(families=("toy",), blocks=10)
+    with pytest.raises(ValueError, match=r"sd15 \(UNet\) and toy \(toy\) need separate runs"):
+        runner.BenchConfig(families=("sd15", "toy"))
+    cfg = runner.BenchConfig(families=("toy",), repeats=2, peaked=1.0)
+    result = runner.run_benchmark(cfg, progress_bar=False, log=lambda _: None)
+    (row,) = result["rows"]
+    assert (row["family"], row["width"], row["height"], row["batch"], row["toy_field"]) == (
+        "toy", 16, 8, 3, 16)
+    assert row["rounds"] == 2 and row["rel_err"] == 0.0 and row["speedup"] == 1.0

@@ -1,8 +1,9 @@
 """The benchmark: ``python -m tome_core bench`` (see ``tome_core.bench.cli``).
 
-Builds real SD1.5/SD2/SDXL UNet architectures with seeded random weights and compares vanilla,
-tome_core's modes and tomesd: time, speed-up, output error and peak memory. Needs diffusers
-(imported only when the benchmark runs), tqdm and matplotlib.
+Builds real UNet (SD1.5/SD2/SDXL) and DiT (Flux, SD3, Wan) architectures with seeded random
+weights and compares vanilla, tome_core's modes and tomesd: time, speed-up, output error and peak
+memory. Needs diffusers (imported only when the benchmark runs) and tqdm; matplotlib draws the
+chart (without it the run ends with one line saying so).
 """
 from .cli import main
 

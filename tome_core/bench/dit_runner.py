@@ -1,4 +1,6 @@
-"""DiT families (Flux, SD3, Wan) in the benchmark: vanilla vs mode "kv" through the runner's rounds.
+"""DiT families (Flux, SD3, Wan) in the benchmark: vanilla vs mode "kv" through the runner's rounds
+(:data:`DIT` is their ``family.BenchFamily``; a new DiT family is a ``dit_models`` family plus its
+entry in :data:`DEFAULT_SIZES`).
 
 The model is the real diffusers architecture at full width with ``cfg.blocks`` blocks of each kind
 (``dit_models``; ``--tiny``: the tiny test width). Each size runs the runner's own case: a warm-up
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from . import dit_models, measure, stats
+from . import dit_models, measure
+from .family import Case
 
 DIT_FAMILIES = dit_models.DIT_FAMILIES
 DIT_METHODS = ("vanilla", "kv")
@@ -25,13 +28,7 @@ DEFAULT_BATCH = {"flux": 1}  # guidance-distilled: no CFG pair; SD3 and Wan: [un
 
 def check_config(cfg, method_names: tuple[str, ...]) -> None:
     """Refuse a DiT run the benchmark cannot do, naming the fix (``cfg``: a ``runner.BenchConfig``)."""
-    dits = [f for f in cfg.families if f in DIT_FAMILIES]
-    if not dits:
-        return
-    unets = [f for f in cfg.families if f not in DIT_FAMILIES]
-    if unets:
-        raise ValueError(f"families: {','.join(unets)} (UNet) and {','.join(dits)} (DiT) need separate runs "
-                         f"(their methods differ): --families {','.join(unets)}, then --families {','.join(dits)}")
+    dits = [f for f in cfg.families if f in DIT_FAMILIES]  # all of them: one kind per run
     bad = [m for m in method_names if m not in DIT_METHODS]
     if bad:
         raise ValueError(f"methods: {', '.join(bad)} not available for DiT families ({', '.join(dits)}): "
@@ -51,11 +48,9 @@ def check_config(cfg, method_names: tuple[str, ...]) -> None:
 
 def build(family: str, cfg) -> torch.nn.Module:
     """The benchmark's ``family`` DiT: full width (``--tiny``: tiny), ``cfg.blocks`` blocks, on ``cfg.device``."""
-    from .runner import DTYPES
-
     model = dit_models.build_dit(family, cfg.blocks, cfg.seed, scale="tiny" if cfg.scale == "tiny" else "full")
     # torch's own Module.to: diffusers' would warn about an empty list of fp32-kept modules
-    return torch.nn.Module.to(model, cfg.device, DTYPES[cfg.dtype])
+    return torch.nn.Module.to(model, cfg.device, measure.DTYPES[cfg.dtype])
 
 
 def blocks_text(family: str, blocks: int) -> str:
@@ -79,42 +74,58 @@ def _attention_probe(share: dict):
     return probe
 
 
-def _errors(y: torch.Tensor, ref: torch.Tensor, family: str, guidance: float) -> tuple[float, float | None]:
-    raw, guided = measure.errors(y, ref, guidance)
-    return raw, raw if family == "flux" else guided  # Flux: the output is the guided prediction
+def _errors(family: str):
+    """measure.errors, except that Flux's output is its guided prediction (guidance-distilled)."""
+    def errors(y: torch.Tensor, ref: torch.Tensor, guidance: float) -> tuple[float, float | None]:
+        raw, guided = measure.errors(y, ref, guidance)
+        return raw, raw if family == "flux" else guided
+    return errors
 
 
-def run_case(model: torch.nn.Module, family: str, size: tuple[int, int], variants: list, cfg,
-             progress, clock) -> list[dict]:
-    """All variants at one size (``variants[0]`` is vanilla): one row each (see ``runner.run_case``)."""
-    from .runner import DTYPES, _measure, _row
+class DiTFamily:
+    """The benchmark's DiTs: vanilla vs mode kv through the runner's rounds (see the module)."""
 
-    width, height = size
-    batch = cfg.batch_for(family)
-    inputs = dit_models.make_dit_inputs(model, family, batch, height, width, cfg.frames, cfg.seed,
-                                        DTYPES[cfg.dtype])
-    inputs = {k: v.to(cfg.device) for k, v in inputs.items()}
-    share: dict = {}
-    m = _measure(model, inputs, variants, cfg, progress, clock, forward=_forward,
-                 peaked=dit_models.peaked_attention, probe=_attention_probe(share))
-    ratios = m.ratios(variants)
-    ranks = stats.ranking(ratios)
-    image, text = dit_models.token_counts(family, height, width, cfg.frames)
-    a = share.get("share")
-    extra = dict(image_tokens=image, text_tokens=text, blocks=blocks_text(family, cfg.blocks),
-                 real_blocks=dit_models.REAL_DEPTH[family], attn_share=a,
-                 speedup_ceiling=None if a is None or a >= 1 else 1 / (1 - a),
-                 guided="distilled" if family == "flux" else ("cfg" if batch % 2 == 0 else None))
-    if family == "wan":
-        extra.update(frames=cfg.frames,
-                     latent=f"{dit_models.latent_frames(cfg.frames)}x{height // 8}x{width // 8}")
-    rows = []
-    for v in variants:
-        row = _row(family, size, v, variants[0], m, cfg, ranks, ratios)
-        row.update(extra)
-        row["rel_err"], row["cfg_err"] = _errors(m.out[v], m.out[variants[0]], family, cfg.guidance)
-        if cfg.peaked != 1.0:
-            row["rel_err_peaked"], row["cfg_err_peaked"] = _errors(
-                m.out_peaked[v], m.out_peaked[variants[0]], family, cfg.guidance)
-        rows.append(row)
-    return rows
+    kind = "DiT"
+    names = DIT_FAMILIES
+    methods = DIT_METHODS
+    skipped = SKIPPED
+    compiles = False
+    defaults_in_config = False  # sizes and batch differ by family
+
+    def check(self, cfg, method_names: tuple[str, ...]) -> None:
+        check_config(cfg, method_names)
+
+    def default_sizes(self, name: str) -> tuple[tuple[int, int], ...]:
+        return (DEFAULT_SIZES[name],)
+
+    def default_batch(self, name: str) -> int:
+        return DEFAULT_BATCH.get(name, 2)
+
+    def build(self, name: str, cfg) -> torch.nn.Module:
+        return build(name, cfg)
+
+    def case(self, model: torch.nn.Module, name: str, size: tuple[int, int], cfg) -> Case:
+        width, height = size
+        batch = cfg.batch_for(name)
+        inputs = dit_models.make_dit_inputs(model, name, batch, height, width, cfg.frames, cfg.seed,
+                                            measure.DTYPES[cfg.dtype])
+        share: dict = {}
+
+        def extra() -> dict:
+            image, text = dit_models.token_counts(name, height, width, cfg.frames)
+            a = share.get("share")
+            fields = dict(image_tokens=image, text_tokens=text, blocks=blocks_text(name, cfg.blocks),
+                          real_blocks=dit_models.REAL_DEPTH[name], attn_share=a,
+                          speedup_ceiling=None if a is None or a >= 1 else 1 / (1 - a),
+                          guided="distilled" if name == "flux" else ("cfg" if batch % 2 == 0 else None))
+            if name == "wan":
+                fields.update(frames=cfg.frames,
+                              latent=f"{dit_models.latent_frames(cfg.frames)}x{height // 8}x{width // 8}")
+            return fields
+
+        return Case({k: v.to(cfg.device) for k, v in inputs.items()}, _forward,
+                    dit_models.peaked_attention, probe=_attention_probe(share),
+                    errors=_errors(name), extra=extra)
+
+
+DIT = DiTFamily()

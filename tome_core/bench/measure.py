@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 Forward = Callable[[], torch.Tensor]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Run the comparison: for each model family and resolution, every variant, interleaved.
 
-UNet families here; DiT families (Flux, SD3, Wan) go through the same rounds, statistics and rows
-with their own model, inputs and row fields (``dit_runner``)."""
+Every kind of model goes through the same rounds, statistics and rows; a kind (``KINDS``: UNets in
+``unet_family``, DiTs in ``dit_runner``) brings its family names, defaults, model, inputs and row
+fields as a ``family.BenchFamily``. Adding a kind is adding it to ``KINDS``."""
 from __future__ import annotations
 
 import contextlib
@@ -15,11 +16,24 @@ from typing import Callable
 
 import torch
 
-from . import dit_runner, measure, stats
-from .methods import DEFAULT_METHODS, METHODS, Variant, availability, patched
-from .models import FAMILIES, build_unet, make_inputs, peaked_attention
+from . import measure, stats
+from .dit_runner import DIT
+from .family import BenchFamily, Case
+from .measure import DTYPES
+from .methods import METHODS, Variant, availability, patched
+from .models import peaked_attention
+from .unet_family import UNET
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+KINDS: tuple[BenchFamily, ...] = (UNET, DIT)  # every kind of model the benchmark runs
+ALL_FAMILIES = tuple(name for kind in KINDS for name in kind.names)
+
+
+def kind_of(family: str) -> BenchFamily:
+    """The kind of model that runs ``family`` (ValueError naming the choices if none)."""
+    for kind in KINDS:
+        if family in kind.names:
+            return kind
+    raise ValueError(f"families: unknown {family!r}; choose from {', '.join(ALL_FAMILIES)}")
 # "math": PyTorch's reference SDPA kernel, which materialises the N x N score matrix as attention
 # does without flash/memory-efficient kernels (such hosts, the published ToMe memory figures)
 ATTENTION_BACKENDS = ("default", "math")
@@ -39,11 +53,11 @@ class BenchConfig:
     """What to run. Resolutions are (width, height) in pixels; latents are px // 8."""
 
     families: tuple[str, ...] = ("sd15",)
-    # None: UNets 512 and 768 px; DiTs their native size (dit_runner.DEFAULT_SIZES)
+    # None: the kind's default sizes (UNets 512 and 768 px; DiTs their native size)
     resolutions: tuple[tuple[int, int], ...] | None = None
     ratios: tuple[float, ...] = (0.5,)
-    methods: tuple[str, ...] | None = None  # None: DEFAULT_METHODS (DiTs: vanilla, kv)
-    batch: int | None = None    # None: 2 = [uncond; cond] (Flux, guidance-distilled: 1)
+    methods: tuple[str, ...] | None = None  # None: the kind's (UNets: DEFAULT_METHODS; DiTs: vanilla, kv)
+    batch: int | None = None    # None: the kind's, 2 = [uncond; cond] (Flux, guidance-distilled: 1)
     dtype: str = "bf16"
     repeats: int = 3            # timed rounds at least
     max_repeats: int | None = None  # at most, while rounds disagree (None: = repeats)
@@ -62,21 +76,29 @@ class BenchConfig:
     skipped: dict = field(default_factory=dict)  # method -> reason, filled by ``resolve``
 
     def __post_init__(self) -> None:
+        bad = [f for f in self.families if f not in ALL_FAMILIES]
+        if bad or not self.families:
+            raise ValueError(f"families: unknown or empty {bad or self.families}; "
+                             f"choose from {', '.join(ALL_FAMILIES)}")
+        by_kind: dict = {}
+        for f in self.families:
+            by_kind.setdefault(kind_of(f).kind, []).append(f)
+        if len(by_kind) > 1:
+            raise ValueError("families: " + " and ".join(f"{','.join(fs)} ({k})" for k, fs in by_kind.items())
+                             + " need separate runs (their methods differ): "
+                             + ", then ".join(f"--families {','.join(fs)}" for fs in by_kind.values()))
+        kind = self.kind
         if self.methods is None:
-            self.methods = dit_runner.DIT_METHODS if self.dit else DEFAULT_METHODS
-            if self.dit:  # say why the UNet methods are missing (printed with the results)
-                self.skipped.update(dit_runner.SKIPPED)
-        if self.resolutions is None and not self.dit:
-            self.resolutions = ((512, 512), (768, 768))
-        if self.batch is None and not self.dit:
-            self.batch = 2
+            self.methods = kind.methods
+            self.skipped.update(kind.skipped)  # say why the other methods are missing
+        if kind.defaults_in_config:  # the same for every family of the kind: written down
+            self.resolutions = self.resolutions or kind.default_sizes(self.families[0])
+            self.batch = self.batch if self.batch is not None else kind.default_batch(self.families[0])
         method_names = tuple(m.split(":")[0].split("@")[0] for m in self.methods)
-        for name, given, allowed in (("families", self.families, FAMILIES + dit_runner.DIT_FAMILIES),
-                                     ("methods", method_names, METHODS)):
-            bad = [x for x in given if x not in allowed]
-            if bad or not given:
-                raise ValueError(f"{name}: unknown or empty {bad or given}; "
-                                 f"choose from {', '.join(allowed)}")
+        bad = [x for x in method_names if x not in METHODS]
+        if bad or not method_names:
+            raise ValueError(f"methods: unknown or empty {bad or method_names}; "
+                             f"choose from {', '.join(METHODS)}")
         if self.repeats < 1 or (self.batch is not None and self.batch < 1):
             raise ValueError(f"repeats and batch must be >= 1, got {self.repeats} and {self.batch}")
         if self.max_repeats is None:
@@ -89,18 +111,23 @@ class BenchConfig:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        dit_runner.check_config(self, method_names)
+        kind.check(self, method_names)
+
+    @property
+    def kind(self) -> BenchFamily:
+        """The kind of model of this run (a run holds one kind: their methods differ)."""
+        return kind_of(self.families[0])
 
     @property
     def dit(self) -> bool:
-        """Whether this run benchmarks DiT families (a run holds only UNets or only DiTs)."""
-        return any(f in dit_runner.DIT_FAMILIES for f in self.families)
+        """Whether this run benchmarks DiT families."""
+        return self.kind is DIT
 
     def sizes_for(self, family: str) -> tuple[tuple[int, int], ...]:
-        return self.resolutions or (dit_runner.DEFAULT_SIZES[family],)
+        return self.resolutions or kind_of(family).default_sizes(family)
 
     def batch_for(self, family: str) -> int:
-        return self.batch if self.batch is not None else dit_runner.DEFAULT_BATCH.get(family, 2)
+        return self.batch if self.batch is not None else kind_of(family).default_batch(family)
 
     def resolve(self) -> list[Variant]:
         """The variants to run (vanilla first); records unavailable methods in ``skipped``."""
@@ -134,9 +161,8 @@ def _round_robin(variants: list[Variant], repeat: int) -> list[Variant]:
 
 
 def case_inputs(unet, family: str, size: tuple[int, int], cfg: BenchConfig) -> measure.Inputs:
-    width, height = size
-    inputs = make_inputs(unet, family, cfg.batch_for(family), height, width, cfg.seed, DTYPES[cfg.dtype])
-    return measure.Inputs(*inputs).to(torch.device(cfg.device))
+    """A UNet's inputs at ``size`` (see ``unet_family``)."""
+    return UNET.inputs(unet, family, size, cfg)
 
 
 class Clock:
@@ -313,7 +339,8 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig)
 
 
 def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Measured,
-         cfg: BenchConfig, ranks: dict, ratios: dict) -> dict:
+         cfg: BenchConfig, ranks: dict, ratios: dict, errors=measure.errors) -> dict:
+    """One eager row; ``errors(y, ref, guidance)`` -> (output error, guided error)."""
     width, height = size
     r = ratios[v]
     row = dict(family=family, scale=cfg.scale, width=width, height=height,
@@ -327,10 +354,10 @@ def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Meas
                speedup_paired=r.paired, interference=r.interference, cpu_wait=m.waits.get(v),
                # other load only ever adds time, so the fastest runs are the least disturbed
                speedup_best=min(m.times[base]) / min(m.times[v]))
-    row["rel_err"], row["cfg_err"] = measure.errors(m.out[v], m.out[base], cfg.guidance)
+    row["rel_err"], row["cfg_err"] = errors(m.out[v], m.out[base], cfg.guidance)
     if cfg.peaked != 1.0:
         row["peaked"] = cfg.peaked
-        row["rel_err_peaked"], row["cfg_err_peaked"] = measure.errors(
+        row["rel_err_peaked"], row["cfg_err_peaked"] = errors(
             m.out_peaked[v], m.out_peaked[base], cfg.guidance)
     if v == base:
         row["vanilla_drift"] = m.drift
@@ -360,22 +387,28 @@ def _compiled_row(eager: dict, v: Variant, base: Variant, m: _Measured, cfg: Ben
     return row
 
 
-def run_case(unet, family: str, size: tuple[int, int], variants: list[Variant],
+def run_case(model, family: str, size: tuple[int, int], variants: list[Variant],
              cfg: BenchConfig, progress: Progress, clock: Clock | None = None) -> list[dict]:
-    """All variants at one resolution (``variants[0]`` is vanilla): one row each.
+    """All variants at one resolution (``variants[0]`` is vanilla): one row each, for any kind
+    of model (its :class:`~.family.Case` gives inputs, forward, peaked attention, errors, extra fields).
 
-    A warm-up round runs on the peaked UNet (when ``cfg.peaked != 1``) and measures peak
+    A warm-up round runs on the peaked model (when ``cfg.peaked != 1``) and measures peak
     memory and the peaked-attention errors, then runs vanilla once more to check that removing
-    the patches restored the model; ``cfg.repeats`` timed rounds follow on the plain UNet,
+    the patches restored the model; ``cfg.repeats`` timed rounds follow on the plain model,
     each over all variants in a rotated order, and the first gives the plain errors; more
     rounds follow, up to ``cfg.max_repeats`` (and ``cfg.budget_s``), while the noise bands
-    overlap or other work takes too much of the time (see ``stats``). With ``cfg.compile``, compiled rows follow.
+    overlap or other work takes too much of the time (see ``stats``). With ``cfg.compile``,
+    compiled rows follow.
     """
     clock = clock or Clock(cfg, len(variants), lambda _: None)
-    m = _measure(unet, case_inputs(unet, family, size, cfg), variants, cfg, progress, clock)
+    case: Case = kind_of(family).case(model, family, size, cfg)
+    m = _measure(model, case.inputs, variants, cfg, progress, clock, forward=case.forward,
+                 peaked=case.peaked, probe=case.probe)
     ratios = m.ratios(variants)
     ranks = stats.ranking(ratios)
-    rows = [_row(family, size, v, variants[0], m, cfg, ranks, ratios) for v in variants]
+    extra = case.extra()
+    rows = [dict(_row(family, size, v, variants[0], m, cfg, ranks, ratios, case.errors), **extra)
+            for v in variants]
     if cfg.compile:
         rows += [_compiled_row(r, v, variants[0], m, cfg) for r, v in zip(rows[:], variants)]
     return rows
@@ -388,7 +421,7 @@ def profile_case(unet, family: str, size: tuple[int, int], variants: list[Varian
 
     inputs = case_inputs(unet, family, size, cfg)
     chosen = [v for v in variants if v.method == "vanilla" or v.ratio == cfg.ratios[0]]
-    return {"family": family, "width": size[0], "height": size[1], "batch": cfg.batch,
+    return {"family": family, "width": size[0], "height": size[1], "batch": cfg.batch_for(family),
             "dtype": cfg.dtype, "groups": profiling.GROUPS,
             "variants": [profiling.profile_variant(unet, inputs, v, cfg.patch_options())
                          for v in chosen]}
@@ -410,33 +443,29 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
                bar_format="{desc}: {n_fmt}/{total_fmt} forwards [{elapsed}] {postfix}")
     log = log or (lambda text: tqdm.write(text, file=sys.stderr))
     clock = Clock(cfg, len(variants), log)
-    log(f"{n_forwards} {'DiT' if cfg.dit else 'UNet'} forwards to run; a time estimate follows "
+    kind = cfg.kind
+    log(f"{n_forwards} {kind.kind} forwards to run; a time estimate follows "
         "the first warm-up round")
     rows, prof = [], None
     try:
         with attention_backend(cfg.attention):
             for family in cfg.families:
-                if cfg.dit:
-                    bar.set_description(f"{family}: building the DiT ({cfg.blocks} blocks)")
-                    unet, case = dit_runner.build(family, cfg), dit_runner.run_case
-                else:
-                    bar.set_description(f"{family}: building UNet")
-                    unet = build_unet(family, cfg.scale, cfg.seed, DTYPES[cfg.dtype]).to(cfg.device)
-                    case = run_case
+                bar.set_description(f"{family}: building the {kind.kind}")
+                model = kind.build(family, cfg)
                 for size in cfg.sizes_for(family):
                     def progress(label: str, _s=size) -> None:
                         bar.set_description(f"{family} {_s[0]}x{_s[1]} {label}")
                         if clock.round_s is not None:
                             bar.set_postfix_str(f"left {clock.text()}", refresh=False)
                         bar.update(1)
-                    rows += case(unet, family, size, variants, cfg, progress, clock)
+                    rows += run_case(model, family, size, variants, cfg, progress, clock)
                     clock.case_done()
                     if on_rows:
                         on_rows(rows)
-                    if profile and prof is None:
+                    if profile and prof is None and kind.compiles:
                         bar.set_description(f"{family} {size[0]}x{size[1]} profiling")
-                        prof = profile_case(unet, family, size, variants, cfg)
-                del unet
+                        prof = profile_case(model, family, size, variants, cfg)
+                del model
                 gc.collect()
     finally:
         bar.close()
