@@ -47,6 +47,34 @@ def flux2(comfy):
         dict(prefix=512, grid=35, suffix=0), 3
 
 
+def _chroma_config(**config) -> dict:
+    """Chroma's approximator turns 344 inputs of 64 features (16 timestep + 16 guidance + 32 index channels,
+    fixed in forward_orig) into one modulation vector each, of the model width: in_dim is 64, out_dim the
+    hidden size, whatever the model's size (model_detection sets 64 and 3072)."""
+    return dict(dict(
+        image_model="chroma", in_channels=64, out_channels=64, patch_size=2, context_in_dim=32, hidden_size=32,
+        mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000, qkv_bias=True,
+        in_dim=64, out_dim=32, hidden_dim=32, n_layers=1), **config)
+
+
+def chroma(comfy):
+    _require("comfy.ldm.chroma.model", "Chroma")
+    patcher = _patcher(comfy, comfy.supported_models.Chroma, _chroma_config())
+    return patcher, torch.zeros(1, 16, 10, 13), _cond(5, 32, pooled_output=torch.zeros(1, 32)), \
+        dict(prefix=5, grid=35, suffix=0), 3
+
+
+def chroma_radiance(comfy):
+    """Pixel space: a [B, 3, H, W] image, patched by a conv (patch 4 here, 16 in the released model)."""
+    _require("comfy.ldm.chroma_radiance.model", "ChromaRadiance")
+    patcher = _patcher(comfy, comfy.supported_models.ChromaRadiance, _chroma_config(
+        image_model="chroma_radiance", in_channels=3, out_channels=3, patch_size=4, nerf_hidden_size=16,
+        nerf_mlp_ratio=2, nerf_depth=1, nerf_max_freqs=4, nerf_tile_size=512, nerf_final_head_type="linear",
+        nerf_embedder_dtype=torch.float32))
+    return patcher, torch.zeros(1, 3, 20, 26), _cond(5, 32, pooled_output=torch.zeros(1, 32)), \
+        dict(prefix=5, grid=35, suffix=0), 3
+
+
 def qwen_image(comfy, refs: bool = False):
     _require("comfy.ldm.qwen_image.model", "QwenImageTransformer2DModel")
     patcher = _patcher(comfy, comfy.supported_models.QwenImage, dict(
@@ -90,9 +118,9 @@ def ltxv(comfy):
         dict(prefix=0, grid=90, suffix=0), 2
 
 
-FAMILIES = {"flux2": flux2, "qwen_image": qwen_image, "lumina2": lumina2, "z_image": z_image,
-            "ltxv": ltxv}
-TABLE_NAME = {"flux2": "flux", "z_image": "lumina2"}
+FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance, "qwen_image": qwen_image,
+            "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv}
+TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma"}
 
 
 def _seq(call) -> int:
@@ -169,7 +197,7 @@ def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
     _check_kept(vanilla, patched, where, reduced)
 
 
-@pytest.mark.parametrize("family", ["qwen_image", "lumina2", "ltxv"])
+@pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv"])
 def test_block_range_reduces_the_second_half(comfy, family):
     patcher, latent, cond, where, reduced = FAMILIES[family](comfy)
     vanilla = _spied(comfy, patcher, latent, cond)

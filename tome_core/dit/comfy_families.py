@@ -66,6 +66,10 @@ TABLE: Tuple[ComfyFamily, ...] = (
     ComfyFamily("flux", ("comfy.ldm.flux.model.Flux",), "first",
                 (ComfyBlocks("double_blocks", "double", default=False), ComfyBlocks("single_blocks", "single")),
                 reports_blocks=True),
+    # Chroma and Chroma Radiance (pixel space, its patch embedding a conv): Flux's double/single blocks,
+    # [text, image], blocks reported; every block by default (not measured apart, as in diffusers' Chroma).
+    ComfyFamily("chroma", ("comfy.ldm.chroma.model.Chroma", "comfy.ldm.chroma_radiance.model.ChromaRadiance"),
+                "first", _DOUBLE_SINGLE, reports_blocks=True),
     ComfyFamily("qwen_image", ("comfy.ldm.qwen_image.model.QwenImageTransformer2DModel",), "first",
                 (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, image_frames=True),
     ComfyFamily("sd3", (_DIFFUSIONMODULES + "mmdit.OpenAISignatureMMDITWrapper", _DIFFUSIONMODULES + "mmdit.MMDiT"),
@@ -103,7 +107,7 @@ def family_of(diffusion_model: Any) -> Optional[ComfyFamily]:
 
 
 def supported_names() -> str:
-    return "Flux.1/Flux.2/Kontext, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), Wan 2.x " \
+    return "Flux.1/Flux.2/Kontext, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), Wan 2.x " \
            "(WanModel, VACE, Camera), HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
 
 
