@@ -299,8 +299,8 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
         latent grid: TomePatchModel (queries merged, same batch) in both modes, HyperTile (queries tiled
         into the batch) in mode kv, where the reduced keys still split evenly over its tiles (attention
         reshapes the keys of each batch row into one contiguous run per tile)."""
-        if not (isinstance(context, torch.Tensor) and context.dim() == 3 and n.dim() == 3
-                and _same_tokens(value, context) and n.shape[0] % context.shape[0] == 0):
+        if context is n or not (isinstance(context, torch.Tensor) and context.dim() == 3 and n.dim() == 3
+                                and _same_tokens(value, context) and n.shape[0] % context.shape[0] == 0):
             return n, context, value
         tiles = n.shape[0] // context.shape[0]
         if tiles > 1 and config.mode != "kv":

@@ -201,19 +201,24 @@ def _apply_hypertile(model, **inputs):
     return node.execute(model, **inputs).result[0]
 
 
-def test_hypertile_then_tome_leaves_tiled_blocks_alone_and_the_reverse_fails_loudly(comfy, tome_package, loader_model):
-    """ComfyUI runs attn1 output patches in registration order (not nested): ToMe must not act on
-    tokens HyperTile tiled, and must refuse when HyperTile tiles tokens ToMe merged. Real ComfyUI
-    objects in this process: the loaded model, HyperTile's own node, a real BasicTransformerBlock."""
+def test_hypertile_then_tome_merge_is_refused_kv_acts_and_the_reverse_fails_loudly(comfy, tome_package, loader_model):
+    """ComfyUI runs attn1 output patches in registration order (not nested): after HyperTile, mode merge
+    is refused when the node runs and mode kv reduces the keys/values HyperTile's tiles attend to; a
+    HyperTile that tiles tokens ToMe merged fails loudly. Real ComfyUI objects in this process: the
+    loaded model, HyperTile's own node, a real BasicTransformerBlock (the server-level table is
+    test_comfy_compose.py)."""
     import torch
 
     tome = tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"]()
     x = torch.randn(2, 64 * 64, 32, generator=torch.Generator().manual_seed(0))
 
     tiled = _apply_hypertile(loader_model, tile_size=256, swap_size=1, max_depth=1, scale_depth=False)
-    (tiled_then_tome,) = tome.patch(tiled, **ADVANCED_DEFAULTS)["result"]
+    with pytest.raises(ValueError, match="HyperTile is applied before ToMe"):
+        tome.patch(tiled, **ADVANCED_DEFAULTS)
+    (tiled_then_kv,) = tome.patch(tiled, **dict(ADVANCED_DEFAULTS, mode="kv"))["result"]
     alone = _hypertile_block_output(comfy, tiled, x)
-    assert torch.equal(_hypertile_block_output(comfy, tiled_then_tome, x), alone)
+    both = _hypertile_block_output(comfy, tiled_then_kv, x)
+    assert both.shape == alone.shape and not torch.equal(both, alone)
 
     (merged,) = tome.patch(loader_model, **dict(ADVANCED_DEFAULTS, ratio=0.75))["result"]
     merged_then_tiled = _apply_hypertile(merged, tile_size=32, swap_size=1, max_depth=1, scale_depth=False)
