@@ -134,10 +134,43 @@ def ltx2(frames: int = 3, h: int = 6, w: int = 5, batch: int = 1, text: int = 5,
     return model, inputs, dict(prefix=0, suffix=0, grid=(frames, h, w))
 
 
+def _wan_inputs(batch: int, channels: int, frames: int, h: int, w: int, **extra):
+    g = torch.Generator().manual_seed(1)
+    return dict(hidden_states=torch.randn(batch, channels, frames, h, w, generator=g),
+                encoder_hidden_states=torch.randn(batch, 7, 16, generator=g), timestep=torch.full((batch,), 600.0),
+                **{key: torch.randn(batch, *shape, generator=g) for key, shape in extra.items()})
+
+
+_WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, out_channels=4, text_dim=16, freq_dim=32,
+            ffn_dim=32, rope_max_seq_len=32)
+
+
+def wan_vace(frames: int = 3, h: int = 10, w: int = 6, batch: int = 1):
+    """Two VACE blocks (the control video over the same grid, run first) and three main blocks: five grid
+    self-attentions."""
+    model = _seed_weights(diffusers.WanVACETransformer3DModel(
+        in_channels=4, num_layers=3, vace_layers=[0, 2], vace_in_channels=8, **_WAN))
+    inputs = _wan_inputs(batch, 4, frames, h, w, control_hidden_states=(8, frames, h, w))
+    return model, inputs, dict(prefix=0, suffix=0, grid=(frames, h // 2, w // 2))
+
+
+def wan_animate(frames: int = 3, h: int = 10, w: int = 6, batch: int = 1):
+    """Latent [B, 2C + 4, 1 + frames, H, W]: the first latent frame is the reference image (kept whole), the pose
+    latents are added to the frames after it; a face adapter after each block (not reduced)."""
+    model = _seed_weights(diffusers.WanAnimateTransformer3DModel(
+        in_channels=None, latent_channels=4, num_layers=2, image_dim=None, motion_encoder_channel_sizes={"8": 8, "4": 8},
+        motion_encoder_size=8, motion_style_dim=8, motion_dim=4, motion_encoder_dim=8, face_encoder_hidden_dim=16,
+        face_encoder_num_heads=2, inject_face_latents_blocks=1, **_WAN))
+    inputs = _wan_inputs(batch, 12, 1 + frames, h, w, pose_hidden_states=(4, frames, h, w),
+                         face_pixel_values=(3, 4 * frames - 3, 8, 8))
+    return model, inputs, dict(prefix=(h // 2) * (w // 2), suffix=0, grid=(frames, h // 2, w // 2))
+
+
 FAMILIES = {"chroma": chroma, "flux2": flux2, "qwen_image": qwen_image, "lumina2": lumina2, "z_image": z_image,
-            "ltx_video": ltx_video, "ltx2": ltx2}
+            "ltx_video": ltx_video, "ltx2": ltx2, "wan_vace": wan_vace, "wan_animate": wan_animate}
 # Self-attentions over the layout per model call, in order: the ones the default range reduces.
-DEFAULT_REDUCED = {"chroma": 3, "flux2": 3, "qwen_image": 2, "lumina2": 2, "z_image": 2, "ltx_video": 2, "ltx2": 2}
+DEFAULT_REDUCED = {"chroma": 3, "flux2": 3, "qwen_image": 2, "lumina2": 2, "z_image": 2, "ltx_video": 2, "ltx2": 2,
+                   "wan_vace": 5, "wan_animate": 2}
 
 
 def run(model, inputs) -> torch.Tensor:
@@ -261,7 +294,9 @@ def test_ltx2_reduces_the_video_self_attention_only():
 @pytest.mark.parametrize("family,size", [("chroma", dict(h=5, w=3)), ("flux2", dict(h=3, w=7)),
                                          ("qwen_image", dict(h=5, w=9)), ("lumina2", dict(h=10, w=6)),
                                          ("z_image", dict(h=6, w=10)), ("ltx_video", dict(frames=1, h=5, w=7)),
-                                         ("ltx2", dict(frames=2, h=3, w=5))])
+                                         ("ltx2", dict(frames=2, h=3, w=5)),
+                                         ("wan_vace", dict(frames=1, h=14, w=6)),
+                                         ("wan_animate", dict(frames=2, h=6, w=10))])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_odd_sizes_and_batches(family, size, batch):
     model, inputs, _ = FAMILIES[family](batch=batch, **size)

@@ -24,8 +24,9 @@ _TRANSFORMERS = "diffusers.models.transformers."
 @dataclass(frozen=True)
 class BlockList:
     """One ``nn.ModuleList`` of blocks: its attribute, the attentions of each block to hook with their
-    kind ("joint": the layout with text; "image": grid-only self-attention), and whether the default
-    block range (no block_start given) reduces it."""
+    kind ("joint": the call's whole layout, with its text where the text shares the sequence and its kept
+    reference tokens; "image": a self-attention over the grid alone), and whether the default block range
+    (no block_start given) reduces it."""
 
     attr: str
     attentions: Tuple[Tuple[str, str], ...]
@@ -34,12 +35,13 @@ class BlockList:
 
 @dataclass(frozen=True)
 class Tokens:
-    """What a family's reader finds in one model call: the grid, the text length and the tokens
-    right after the grid that keep every key (references, padding)."""
+    """What a family's reader finds in one model call: the grid, the text length, the tokens right after the
+    grid that keep every key (references, padding) and those right before it (Wan Animate's reference frame)."""
 
     grid: Tuple[int, ...]
     text: int = 0
     after: int = 0
+    before: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,10 +107,10 @@ class Family:
         if tokens is None or len(tokens.grid) not in (2, 3) or min(tokens.grid) < 1:
             return None
         if self.text == "first":
-            return TokenLayout(tokens.grid, prefix=tokens.text, suffix=tokens.after)
+            return TokenLayout(tokens.grid, prefix=tokens.text + tokens.before, suffix=tokens.after)
         if self.text == "last":
-            return TokenLayout(tokens.grid, suffix=tokens.after + tokens.text)
-        return TokenLayout(tokens.grid, suffix=tokens.after)
+            return TokenLayout(tokens.grid, prefix=tokens.before, suffix=tokens.after + tokens.text)
+        return TokenLayout(tokens.grid, prefix=tokens.before, suffix=tokens.after)
 
 
 def _arg(call: dict, index: int, name: str):
@@ -220,6 +222,16 @@ def _wan_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     return Tokens((hidden.shape[2] // pt, hidden.shape[3] // ph, hidden.shape[4] // pw))
 
 
+def _wan_animate_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """Wan Animate: latent [B, C, 1 + T, H, W]; its first latent frame is the reference (character) image
+    (the pose latents are added to the frames after it): that frame keeps every key, the T frames are the grid."""
+    tokens = _wan_tokens(model, call)
+    if tokens is None or tokens.grid[0] < 2 or model.config.patch_size[0] != 1:
+        return None
+    frames, h, w = tokens.grid
+    return Tokens((frames - 1, h, w), before=h * w)
+
+
 def _lumina2_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Lumina 2: [caption, image] per sample, the caption cut to its mask's length; the grid starts at the same
     place in every sample only where all captions have one length (else left unreduced)."""
@@ -289,6 +301,13 @@ TABLE: Tuple[Family, ...] = (
            _sd3_tokens, Timestep(3, "timestep", 1000.0)),
     Family("wan", (_TRANSFORMERS + "transformer_wan.WanTransformer3DModel",), "separate",
            (BlockList("blocks", (("attn1", "image"),)),), _wan_tokens, Timestep(1, "timestep", 1000.0)),
+    # VACE runs all its vace_blocks (the control video over the same grid) before the main blocks.
+    Family("wan_vace", (_TRANSFORMERS + "transformer_wan_vace.WanVACETransformer3DModel",), "separate",
+           (BlockList("vace_blocks", (("attn1", "image"),)), BlockList("blocks", (("attn1", "image"),))),
+           _wan_tokens, Timestep(1, "timestep", 1000.0)),
+    Family("wan_animate", (_TRANSFORMERS + "transformer_wan_animate.WanAnimateTransformer3DModel",), "separate",
+           (BlockList("blocks", (("attn1", "joint"),)),), _wan_animate_tokens,  # joint: [reference frame, grid]
+           Timestep(1, "timestep", 1000.0)),
     Family("hunyuan_video", (_TRANSFORMERS + "transformer_hunyuan_video.HunyuanVideoTransformer3DModel",), "last",
            _DOUBLE_SINGLE, _hunyuan_video_tokens, Timestep(1, "timestep", 1000.0)),
     # Lumina 2 and Z-Image: the refiners see the caption or the image alone; the main layers the joint sequence.
