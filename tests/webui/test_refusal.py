@@ -145,7 +145,7 @@ def comfy_patcher():
 def test_forge_refuses_merge_mlp_before_anything_is_written_or_patched(script, host, comfy_patcher):
     model = ForgeModel(comfy_patcher)
     status, body = wd.api_txt2img(model, host.opts, [script], api_request(merge_mlp=True), forge=True)
-    assert status == 500 and "merge_mlp is not available" in body["errors"]
+    assert status == 500 and "merge_mlp is not available" in body["message"] and "errors" not in body
     assert model.patches_seen == [] and model.forge_objects.unet is comfy_patcher
 
 
@@ -154,7 +154,7 @@ def test_forge_refuses_a_schedule_window_without_percent_to_sigma(script, host, 
     clone.add_object_patch("model_sampling", types.SimpleNamespace())  # a build without percent_to_sigma
     model = ForgeModel(clone)
     status, body = wd.api_txt2img(model, host.opts, [script], api_request(start_percent=0.2), forge=True)
-    assert status == 500 and "percent_to_sigma" in body["errors"] and model.patches_seen == []
+    assert status == 500 and "percent_to_sigma" in body["message"] and model.patches_seen == []
 
 
 def test_forge_refuses_an_unsupported_model_naming_it(script, host, comfy_patcher):
@@ -162,7 +162,7 @@ def test_forge_refuses_an_unsupported_model_naming_it(script, host, comfy_patche
     clone.add_object_patch("diffusion_model", NotAUNet())
     model = ForgeModel(clone)
     status, body = wd.api_txt2img(model, host.opts, [script], api_request(), forge=True)
-    assert status == 500 and "cannot patch a BaseModel model (NotAUNet)" in body["errors"]
+    assert status == 500 and "cannot patch a BaseModel model (NotAUNet)" in body["message"]
     assert model.patches_seen == []
 
 
@@ -170,6 +170,11 @@ def test_forge_bad_values_behave_as_in_a1111(script, host, comfy_patcher):
     for values, message in BAD_VALUES.values():
         model = ForgeModel(comfy_patcher)
         status, body = wd.api_txt2img(model, host.opts, [script], api_request(**values), forge=True)
+        assert status == 500 and message in body["message"] and model.patches_seen == []
+        # reForge / Forge Classic: the Forge patch path behind A1111's handler, which answers in "errors"
+        model = ForgeModel(comfy_patcher)
+        status, body = wd.api_txt2img(model, host.opts, [script], api_request(**values), forge=True,
+                                      handler="a1111")
         assert status == 500 and message in body["errors"] and model.patches_seen == []
 
 

@@ -368,7 +368,14 @@ def default_script_args(scripts: list) -> list:
     return args
 
 
-def api_txt2img(sd_model, opts, scripts: list, request: dict, *, forge=False) -> tuple[int, dict]:
+API_ERROR_FIELDS = {
+    # where the exception's text goes in the error JSON, per host's handler
+    "a1111": "errors",  # modules/api/api.py api_middleware -> handle_exception (A1111 1.8, reForge, Forge Classic)
+    "forge": "message",  # Forge dfdcbab webui.py _handle_exception (FastAPI exception_handlers; --nowebui)
+}
+
+
+def api_txt2img(sd_model, opts, scripts: list, request: dict, *, forge=False, handler=None) -> tuple[int, dict]:
     """POST /sdapi/v1/txt2img (modules/api/api.py ``text2imgapi``, A1111 1.8 / Forge dfdcbab) -> (status, JSON).
 
     ``init_script_args``: a request naming an unknown alwayson script is fastapi's 422
@@ -376,9 +383,12 @@ def api_txt2img(sd_model, opts, scripts: list, request: dict, *, forge=False) ->
     ``args`` overwrite its defaults position by position (at most ``args_to - args_from`` of them).
     Then ``with closing(p): process_images(p)``. An exception anywhere ends in the app's
     ``handle_exception``: status ``vars(e).get('status_code', 500)`` and JSON
-    ``{"error": type(e).__name__, "detail", "body", "errors": str(e)}``. Success: 200 with the
-    images and ``info`` (here the infotext string).
+    ``{"error": type(e).__name__, "detail", "body", "errors": str(e)}``; Forge's own handler
+    (``webui.py`` ``_handle_exception``) writes the same with ``"message"`` for ``"errors"``.
+    ``handler``: "a1111" or "forge" (API_ERROR_FIELDS); default "forge" when ``forge`` else "a1111".
+    Success: 200 with the images and ``info`` (here the infotext string).
     """
+    error_field = API_ERROR_FIELDS[handler or ("forge" if forge else "a1111")]
     by_title = {script.title().lower(): script for script in scripts}
     try:
         script_args = default_script_args(scripts)
@@ -396,7 +406,7 @@ def api_txt2img(sd_model, opts, scripts: list, request: dict, *, forge=False) ->
     except Exception as error:
         return vars(error).get("status_code", 500), {  # handle_exception, verbatim in what it returns
             "error": type(error).__name__, "detail": vars(error).get("detail", ""), "body": vars(error).get("body", ""),
-            "errors": str(error)}
+            error_field: str(error)}
     return 200, {"images": processed.images, "info": processed.info}
 
 
