@@ -118,9 +118,41 @@ def ltxv(comfy):
         dict(prefix=0, grid=90, suffix=0), 2
 
 
+_WAN = dict(image_model="wan2.1", patch_size=(1, 2, 2), in_dim=16, dim=32, ffn_dim=32, freq_dim=32, text_dim=32,
+            out_dim=16, num_heads=2, num_layers=2)
+
+
+def wan_phantom(comfy):
+    """WanModel with time_dim_concat (Phantom's subject images): 2 whole latent frames after the 3 video frames."""
+    patcher = _patcher(comfy, comfy.supported_models.WAN21_T2V, dict(_WAN, model_type="t2v"))
+    concat = torch.randn(1, 16, 2, 6, 10, generator=torch.Generator().manual_seed(5))
+    return patcher, torch.zeros(1, 16, 3, 6, 10), _cond(7, 32, time_dim_concat=concat), \
+        dict(prefix=0, grid=45, suffix=30), 2
+
+
+def wan_humo(comfy):
+    """HuMo: its reference latent (one frame, 3 x 5 tokens) follows the video in the self-attention."""
+    _require("comfy.ldm.wan.model", "HumoWanModel")
+    patcher = _patcher(comfy, comfy.supported_models.WAN21_HuMo, dict(_WAN, model_type="humo"))
+    reference = torch.randn(1, 16, 1, 6, 10, generator=torch.Generator().manual_seed(5))
+    return patcher, torch.zeros(1, 16, 3, 6, 10), _cond(7, 32, reference_latents=[reference]), \
+        dict(prefix=0, grid=45, suffix=15), 2
+
+
+def wan_animate(comfy):
+    """Wan 2.2 Animate: the latent's first frame is the reference image (kept whole); pose latents are added to
+    the frames after it."""
+    _require("comfy.ldm.wan.model_animate", "AnimateWanModel")
+    patcher = _patcher(comfy, comfy.supported_models.WAN22_Animate, dict(_WAN, model_type="animate"))
+    pose = torch.randn(1, 16, 3, 6, 10, generator=torch.Generator().manual_seed(5))
+    return patcher, torch.zeros(1, 16, 4, 6, 10), _cond(7, 32, pose_video_latent=pose), \
+        dict(prefix=15, grid=45, suffix=0), 2
+
+
 FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance, "qwen_image": qwen_image,
-            "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv}
-TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma"}
+            "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
+            "wan_animate": wan_animate}
+TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma", "wan_phantom": "wan"}
 
 
 def _seq(call) -> int:

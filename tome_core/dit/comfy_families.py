@@ -29,6 +29,22 @@ class ComfyBlocks:
 
 
 @dataclass(frozen=True)
+class Appended:
+    """Latent tokens a model adds beside its grid from one keyword of the call (a reference image, frames
+    concatenated in time); they keep every key.
+
+    place: "before" or "after" the grid in the self-attention's sequence.
+    padded: the host pads that latent to the patch size (ceil); otherwise its patch conv drops the rest (floor).
+    requires: a model attribute that must be set for the model to read the keyword at all (Wan's ref_conv).
+    """
+
+    keyword: str
+    place: str = "after"
+    padded: bool = True
+    requires: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class ComfyFamily:
     """How one family of ComfyUI DiT classes lays out its attention sequence and orders its blocks.
 
@@ -45,6 +61,8 @@ class ComfyFamily:
         latent), patched on its last two axes only.
     conditioning: keyword of the model call whose tokens follow the grid as whole frames (LTXV's
         keyframe_idxs: guide frames appended to the latent), kept whole.
+    appended: latents of the call's keywords that the model patches and puts beside the grid, kept whole.
+    reference_frames: leading latent frames that are a reference image, not video (Wan Animate), kept whole.
     """
 
     name: str
@@ -56,10 +74,14 @@ class ComfyFamily:
     pad_multiple: Optional[str] = None
     image_frames: bool = False
     conditioning: Optional[str] = None
+    appended: Tuple[Appended, ...] = ()
+    reference_frames: int = 0
 
 
 _DIFFUSIONMODULES = "comfy.ldm.modules.diffusionmodules."
 _DOUBLE_SINGLE = (ComfyBlocks("double_blocks", "double"), ComfyBlocks("single_blocks", "single"))
+_WAN_APPENDED = (Appended("time_dim_concat"),
+                 Appended("reference_latent", place="before", padded=False, requires="ref_conv"))
 
 TABLE: Tuple[ComfyFamily, ...] = (
     # Flux.1, Flux.2 (same class, other parameters) and Kontext; measured: the single blocks by default.
@@ -75,9 +97,18 @@ TABLE: Tuple[ComfyFamily, ...] = (
     ComfyFamily("sd3", (_DIFFUSIONMODULES + "mmdit.OpenAISignatureMMDITWrapper", _DIFFUSIONMODULES + "mmdit.MMDiT"),
                 "first", (ComfyBlocks("joint_blocks", "joint"),)),  # _block_mixing concatenates [context, x]
     # Wan: VACE runs its vace_blocks between the main ones, so its depth order is the order of the calls.
+    # time_dim_concat (Phantom's subject images) adds whole frames after the video; a model with a ref_conv
+    # (Wan 2.2 Fun) puts its reference image's tokens before it.
     ComfyFamily("wan", ("comfy.ldm.wan.model.WanModel", "comfy.ldm.wan.model.VaceWanModel",
                         "comfy.ldm.wan.model.CameraWanModel"), "separate",
-                (ComfyBlocks("blocks", "blocks"), ComfyBlocks("vace_blocks", "vace"))),
+                (ComfyBlocks("blocks", "blocks"), ComfyBlocks("vace_blocks", "vace")), appended=_WAN_APPENDED),
+    # HuMo: its reference latent's frames follow the video in the sequence; the audio cross-attention keeps all.
+    ComfyFamily("wan_humo", ("comfy.ldm.wan.model.HumoWanModel",), "separate", (ComfyBlocks("blocks", "blocks"),),
+                appended=(Appended("time_dim_concat"), Appended("reference_latent", padded=False))),
+    # Wan 2.2 Animate: the latent's first frame is the reference (character) image; the face adapter's
+    # attention is not reduced.
+    ComfyFamily("wan_animate", ("comfy.ldm.wan.model_animate.AnimateWanModel",), "separate",
+                (ComfyBlocks("blocks", "blocks"),), appended=_WAN_APPENDED, reference_frames=1),
     # HunyuanVideo (and 1.5, HunyuanImage 2.1: same class): [image, text]; its text grows inside the model
     # (byT5, vision tokens), so the tokens after the grid are kept whole, whatever their number.
     ComfyFamily("hunyuan_video", ("comfy.ldm.hunyuan_video.model.HunyuanVideo",), "last", _DOUBLE_SINGLE,
@@ -108,7 +139,7 @@ def family_of(diffusion_model: Any) -> Optional[ComfyFamily]:
 
 def supported_names() -> str:
     return "Flux.1/Flux.2/Kontext, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), Wan 2.x " \
-           "(WanModel, VACE, Camera), HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
+           "(WanModel, VACE, Camera, HuMo, Animate), HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
 
 
 def _attr_path(obj: Any, path: str) -> Any:
@@ -117,8 +148,10 @@ def _attr_path(obj: Any, path: str) -> Any:
     return obj
 
 
-def token_grid(diffusion_model: Any, latent: torch.Tensor) -> Optional[Tuple[int, ...]]:
-    """Token grid of a latent [B, C, (T,) H, W] after the model's patch embedding (the host pads to the patch)."""
+def token_grid(diffusion_model: Any, latent: torch.Tensor, padded: bool = True) -> Optional[Tuple[int, ...]]:
+    """Token grid of a latent [B, C, (T,) H, W] after the model's patch embedding: the host pads it to the patch
+    (``padded``), else the patch conv drops what does not fill one. A 4-d latent of a video model (a reference
+    image) is patched on its last two axes."""
     entry = family_of(diffusion_model)
     patch = None if entry is None else _attr_path(base_model(diffusion_model), entry.patch)
     if patch is None:
@@ -128,9 +161,26 @@ def token_grid(diffusion_model: Any, latent: torch.Tensor) -> Optional[Tuple[int
             return None
         latent = latent[:, :, 0]
     patch = tuple(int(p) for p in patch) if isinstance(patch, (tuple, list)) else (int(patch),) * (latent.ndim - 2)
+    patch = patch[len(patch) - (latent.ndim - 2):] if len(patch) > latent.ndim - 2 > 0 else patch
     if len(patch) != latent.ndim - 2:
         return None
-    return tuple(math.ceil(n / p) for n, p in zip(latent.shape[2:], patch))
+    size = math.ceil if padded else math.floor
+    return tuple(size(n / p) for n, p in zip(latent.shape[2:], patch))
+
+
+def _appended(diffusion_model: Any, entry: ComfyFamily, extra: Dict[str, Any]) -> Optional[Tuple[int, int]]:
+    """(before, after): the tokens the call's appended latents add before and after the grid; None where one
+    of them cannot be patched as the table says."""
+    model, counts = base_model(diffusion_model), {"before": 0, "after": 0}
+    for item in entry.appended:
+        latent = extra.get(item.keyword)
+        if not isinstance(latent, torch.Tensor) or (item.requires and getattr(model, item.requires, None) is None):
+            continue
+        grid = token_grid(diffusion_model, latent, padded=item.padded)
+        if grid is None:
+            return None
+        counts[item.place] += math.prod(grid)
+    return counts["before"], counts["after"]
 
 
 def _padding(count: int, multiple: Optional[int]) -> int:
@@ -153,7 +203,12 @@ def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.
     if entry.text == "separate":
         guide = extra.get(entry.conditioning) if entry.conditioning else None
         if not isinstance(guide, torch.Tensor):
-            return TokenLayout(grid)
+            appended = _appended(diffusion_model, entry, extra)
+            frames = entry.reference_frames
+            if appended is None or frames and (len(grid) != 3 or grid[0] <= frames):
+                return None
+            before = appended[0] + frames * math.prod(grid[1:])
+            return TokenLayout((grid[0] - frames,) + grid[1:] if frames else grid, prefix=before, suffix=appended[1])
         frame = math.prod(grid[1:])  # guide frames follow the video's frames in the latent: whole frames
         kept = int(guide.shape[2])
         if len(grid) != 3 or kept % frame or kept // frame >= grid[0]:
