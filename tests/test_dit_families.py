@@ -166,11 +166,48 @@ def wan_animate(frames: int = 3, h: int = 10, w: int = 6, batch: int = 1):
     return model, inputs, dict(prefix=(h // 2) * (w // 2), suffix=0, grid=(frames, h // 2, w // 2))
 
 
+def _texts(batch: int, g: torch.Generator, **lengths) -> dict:
+    """Text inputs [B, n, 32] with their masks [B, n] (the last token of each masked as padding)."""
+    out = {}
+    for name, (n, mask) in lengths.items():
+        out[name] = torch.randn(batch, n, 32, generator=g)
+        if mask:
+            out[mask] = torch.ones(batch, n, dtype=torch.long)
+            out[mask][:, -1] = 0
+    return out
+
+
+def hunyuan_video15(frames: int = 3, h: int = 6, w: int = 5, batch: int = 1):
+    """[video, text]: text = 3 image-embedding tokens + 4 byT5 + 5 MLLM tokens (padding masked), after the grid."""
+    model = _seed_weights(diffusers.HunyuanVideo15Transformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2, num_refiner_layers=1,
+        mlp_ratio=2.0, text_embed_dim=32, text_embed_2_dim=32, image_embed_dim=32, rope_axes_dim=(4, 6, 6)))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, 4, frames, h, w, generator=g), timestep=torch.full((batch,), 600.0),
+                  **_texts(batch, g, encoder_hidden_states=(5, "encoder_attention_mask"),
+                           encoder_hidden_states_2=(4, "encoder_attention_mask_2"), image_embeds=(3, None)))
+    return model, inputs, dict(prefix=0, suffix=12, grid=(frames, h, w) if frames > 1 else (h, w))
+
+
+def hunyuan_image(h: int = 6, w: int = 7, batch: int = 1):
+    """HunyuanImage 2.1: [image, text], text = 5 MLLM + 4 byT5 tokens (padding masked), after the grid."""
+    model = _seed_weights(diffusers.HunyuanImageTransformer2DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1, num_single_layers=2,
+        num_refiner_layers=1, mlp_ratio=2.0, text_embed_dim=32, text_embed_2_dim=32, rope_axes_dim=(8, 8)))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, 4, h, w, generator=g), timestep=torch.full((batch,), 600.0),
+                  **_texts(batch, g, encoder_hidden_states=(5, "encoder_attention_mask"),
+                           encoder_hidden_states_2=(4, "encoder_attention_mask_2")))
+    return model, inputs, dict(prefix=0, suffix=9, grid=(h, w))
+
+
 FAMILIES = {"chroma": chroma, "flux2": flux2, "qwen_image": qwen_image, "lumina2": lumina2, "z_image": z_image,
-            "ltx_video": ltx_video, "ltx2": ltx2, "wan_vace": wan_vace, "wan_animate": wan_animate}
+            "ltx_video": ltx_video, "ltx2": ltx2, "wan_vace": wan_vace, "wan_animate": wan_animate,
+            "hunyuan_video15": hunyuan_video15, "hunyuan_image": hunyuan_image}
 # Self-attentions over the layout per model call, in order: the ones the default range reduces.
 DEFAULT_REDUCED = {"chroma": 3, "flux2": 3, "qwen_image": 2, "lumina2": 2, "z_image": 2, "ltx_video": 2, "ltx2": 2,
-                   "wan_vace": 5, "wan_animate": 2}
+                   "wan_vace": 5, "wan_animate": 2,
+                   "hunyuan_video15": 2, "hunyuan_image": 3}
 
 
 def run(model, inputs) -> torch.Tensor:
@@ -296,7 +333,9 @@ def test_ltx2_reduces_the_video_self_attention_only():
                                          ("z_image", dict(h=6, w=10)), ("ltx_video", dict(frames=1, h=5, w=7)),
                                          ("ltx2", dict(frames=2, h=3, w=5)),
                                          ("wan_vace", dict(frames=1, h=14, w=6)),
-                                         ("wan_animate", dict(frames=2, h=6, w=10))])
+                                         ("wan_animate", dict(frames=2, h=6, w=10)),
+                                         ("hunyuan_video15", dict(frames=1, h=5, w=7)),
+                                         ("hunyuan_image", dict(h=3, w=9))])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_odd_sizes_and_batches(family, size, batch):
     model, inputs, _ = FAMILIES[family](batch=batch, **size)

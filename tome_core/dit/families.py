@@ -213,6 +213,32 @@ def _hunyuan_video_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens
     return Tokens((hidden.shape[2] // pt, hidden.shape[3] // p, hidden.shape[4] // p), text=text.shape[1])
 
 
+def _hunyuan_video15_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """HunyuanVideo 1.5: latent [B, C, F, H, W] -> grid (F/pt, H/p, W/p); [video, text] with the text made of the
+    image-embedding tokens, the byT5 tokens and the MLLM tokens (all of them, the padding masked), kept whole."""
+    hidden = _arg(call, 0, "hidden_states")
+    texts = [_arg(call, 2, "encoder_hidden_states"), _arg(call, 5, "encoder_hidden_states_2"),
+             _arg(call, 7, "image_embeds")]
+    if hidden is None or hidden.ndim != 5 or any(t is None or t.ndim != 3 for t in texts):
+        return None
+    p, pt = model.config.patch_size, model.config.patch_size_t
+    grid = (hidden.shape[2] // pt, hidden.shape[3] // p, hidden.shape[4] // p)
+    return Tokens(_squeeze_frames(grid), text=sum(t.shape[1] for t in texts))
+
+
+def _hunyuan_image_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """HunyuanImage 2.1: latent [B, C, H, W] (or [B, C, F, H, W]) -> its grid over the patch; [image, text] with
+    the text made of the MLLM tokens and, where the model has a byT5 projection and gets them, the byT5 tokens."""
+    hidden, text, text_2 = _arg(call, 0, "hidden_states"), _arg(call, 2, "encoder_hidden_states"), \
+        _arg(call, 5, "encoder_hidden_states_2")
+    patch = tuple(model.config.patch_size)
+    if hidden is None or text is None or hidden.ndim - 2 != len(patch):
+        return None
+    grid = tuple(n // p for n, p in zip(hidden.shape[2:], patch))
+    second = text_2.shape[1] if text_2 is not None and getattr(model, "context_embedder_2", None) is not None else 0
+    return Tokens(_squeeze_frames(grid), text=text.shape[1] + second)
+
+
 def _wan_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Latent [B, C, F, H, W] -> grid (F/pt, H/ph, W/pw); attn1 sees video tokens only."""
     hidden = _arg(call, 0, "hidden_states")
@@ -310,6 +336,11 @@ TABLE: Tuple[Family, ...] = (
            Timestep(1, "timestep", 1000.0)),
     Family("hunyuan_video", (_TRANSFORMERS + "transformer_hunyuan_video.HunyuanVideoTransformer3DModel",), "last",
            _DOUBLE_SINGLE, _hunyuan_video_tokens, Timestep(1, "timestep", 1000.0)),
+    Family("hunyuan_video15", (_TRANSFORMERS + "transformer_hunyuan_video15.HunyuanVideo15Transformer3DModel",),
+           "last", (BlockList("transformer_blocks", (("attn", "joint"),)),), _hunyuan_video15_tokens,
+           Timestep(1, "timestep", 1000.0)),
+    Family("hunyuan_image", (_TRANSFORMERS + "transformer_hunyuanimage.HunyuanImageTransformer2DModel",), "last",
+           _DOUBLE_SINGLE, _hunyuan_image_tokens, Timestep(1, "timestep", 1000.0)),
     # Lumina 2 and Z-Image: the refiners see the caption or the image alone; the main layers the joint sequence.
     Family("lumina2", (_TRANSFORMERS + "transformer_lumina2.Lumina2Transformer2DModel",), "first",
            (BlockList("layers", (("attn", "joint"),)),), _lumina2_tokens, Timestep(1, "timestep", 1.0, rising=True)),
