@@ -201,13 +201,29 @@ def hunyuan_image(h: int = 6, w: int = 7, batch: int = 1):
     return model, inputs, dict(prefix=0, suffix=9, grid=(h, w))
 
 
+def hidream(h: int = 6, w: int = 6, batch: int = 1):
+    """HiDream I1: [image, text], text = 5 T5 + 2 x 4 Llama tokens; a non-square latent is padded to max_seq
+    (here 8 x 8 = 64 tokens) with masked image tokens, kept whole after the grid."""
+    model = _seed_weights(diffusers.HiDreamImageTransformer2DModel(
+        patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, caption_channels=[32, 32], text_emb_dim=32, num_routed_experts=2,
+        num_activated_experts=1, axes_dims_rope=(8, 4, 4), max_resolution=(16, 16), llama_layers=[0, 1, 2]))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, 4, 2 * h, 2 * w, generator=g), timesteps=torch.full((batch,), 600.0),
+                  encoder_hidden_states_t5=torch.randn(batch, 5, 32, generator=g),
+                  encoder_hidden_states_llama3=torch.randn(3, batch, 4, 32, generator=g),
+                  pooled_embeds=torch.randn(batch, 32, generator=g))
+    padding = 64 - h * w if h != w else 0
+    return model, inputs, dict(prefix=0, suffix=padding + 13, grid=(h, w))
+
+
 FAMILIES = {"chroma": chroma, "flux2": flux2, "qwen_image": qwen_image, "lumina2": lumina2, "z_image": z_image,
             "ltx_video": ltx_video, "ltx2": ltx2, "wan_vace": wan_vace, "wan_animate": wan_animate,
-            "hunyuan_video15": hunyuan_video15, "hunyuan_image": hunyuan_image}
+            "hunyuan_video15": hunyuan_video15, "hunyuan_image": hunyuan_image, "hidream": hidream}
 # Self-attentions over the layout per model call, in order: the ones the default range reduces.
 DEFAULT_REDUCED = {"chroma": 3, "flux2": 3, "qwen_image": 2, "lumina2": 2, "z_image": 2, "ltx_video": 2, "ltx2": 2,
                    "wan_vace": 5, "wan_animate": 2,
-                   "hunyuan_video15": 2, "hunyuan_image": 3}
+                   "hunyuan_video15": 2, "hunyuan_image": 3, "hidream": 3}
 
 
 def run(model, inputs) -> torch.Tensor:
@@ -314,6 +330,16 @@ def test_reference_image_tokens_after_the_grid_keep_every_key(family):
     _check_kept(family, vanilla, patched, where)
 
 
+def test_hidream_non_square_padding_keeps_every_key():
+    """A non-square HiDream latent is padded to max_seq with masked image tokens after the grid: kept whole."""
+    model, inputs, where = hidream(h=5, w=7)
+    assert where["suffix"] == 64 - 35 + 13
+    _, vanilla = spied(model, inputs)
+    apply_patch(model, ratio=0.5, mode="kv", seed=4)
+    _, patched = spied(model, inputs)
+    _check_kept("hidream", vanilla, patched, where)
+
+
 def test_ltx2_reduces_the_video_self_attention_only():
     """Audio self-attention, text cross-attentions and both audio-video cross-attentions (whose keys are the
     video tokens in video-to-audio) keep every key; the hooks sit on attn1 alone."""
@@ -335,7 +361,8 @@ def test_ltx2_reduces_the_video_self_attention_only():
                                          ("wan_vace", dict(frames=1, h=14, w=6)),
                                          ("wan_animate", dict(frames=2, h=6, w=10)),
                                          ("hunyuan_video15", dict(frames=1, h=5, w=7)),
-                                         ("hunyuan_image", dict(h=3, w=9))])
+                                         ("hunyuan_image", dict(h=3, w=9)),
+                                         ("hidream", dict(h=5, w=7))])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_odd_sizes_and_batches(family, size, batch):
     model, inputs, _ = FAMILIES[family](batch=batch, **size)

@@ -87,7 +87,9 @@ class Family:
         for blocks in self.blocks:
             for i, block in enumerate(getattr(model, blocks.attr, None) or ()):
                 for attr, kind in blocks.attentions:
-                    module = getattr(block, attr, None)
+                    module = block
+                    for part in attr.split("."):  # "block.attn1": HiDream wraps each block
+                        module = getattr(module, part, None)
                     if module is not None:  # SD3.5's attn2 exists only in its dual-attention blocks
                         found.append((f"{blocks.attr}.{i}.{attr}", module, kind))
         return found
@@ -239,6 +241,20 @@ def _hunyuan_image_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens
     return Tokens(_squeeze_frames(grid), text=text.shape[1] + second)
 
 
+def _hidream_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """HiDream I1: latent [B, C, H, W] -> grid (H/p, W/p); a non-square latent is padded with masked image
+    tokens up to max_seq (kept whole after the grid). [image, text]: the text is T5 + the last Llama layer +
+    the block's own Llama layer, one length in every block."""
+    hidden, t5, llama = _arg(call, 0, "hidden_states"), _arg(call, 2, "encoder_hidden_states_t5"), \
+        _arg(call, 3, "encoder_hidden_states_llama3")
+    if hidden is None or hidden.ndim != 4 or t5 is None or llama is None or len(llama) == 0:
+        return None
+    p = model.config.patch_size
+    grid = (hidden.shape[-2] // p, hidden.shape[-1] // p)
+    padding = model.max_seq - math.prod(grid) if hidden.shape[-2] != hidden.shape[-1] else 0
+    return Tokens(grid, text=t5.shape[1] + 2 * llama[0].shape[-2], after=padding)
+
+
 def _wan_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Latent [B, C, F, H, W] -> grid (F/pt, H/ph, W/pw); attn1 sees video tokens only."""
     hidden = _arg(call, 0, "hidden_states")
@@ -341,6 +357,11 @@ TABLE: Tuple[Family, ...] = (
            Timestep(1, "timestep", 1000.0)),
     Family("hunyuan_image", (_TRANSFORMERS + "transformer_hunyuanimage.HunyuanImageTransformer2DModel",), "last",
            _DOUBLE_SINGLE, _hunyuan_image_tokens, Timestep(1, "timestep", 1000.0)),
+    # HiDream I1 (Full/Dev/Fast): each block is wrapped (HiDreamBlock.block); [image, text] in both lists.
+    Family("hidream", (_TRANSFORMERS + "transformer_hidream_image.HiDreamImageTransformer2DModel",), "last",
+           (BlockList("double_stream_blocks", (("block.attn1", "joint"),)),
+            BlockList("single_stream_blocks", (("block.attn1", "joint"),))), _hidream_tokens,
+           Timestep(1, "timesteps", 1000.0)),
     # Lumina 2 and Z-Image: the refiners see the caption or the image alone; the main layers the joint sequence.
     Family("lumina2", (_TRANSFORMERS + "transformer_lumina2.Lumina2Transformer2DModel",), "first",
            (BlockList("layers", (("attn", "joint"),)),), _lumina2_tokens, Timestep(1, "timestep", 1.0, rising=True)),
