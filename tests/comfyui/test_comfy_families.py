@@ -149,9 +149,25 @@ def wan_animate(comfy):
         dict(prefix=15, grid=45, suffix=0), 2
 
 
+def hidream(comfy, image_cond: bool = False):
+    """HiDream I1: [image, text], text = 5 T5 + 2 x 4 Llama tokens (the joint attention told apart by length: the
+    model reports no blocks). With image_cond (E1: the reference concatenated along the width) left unreduced."""
+    _require("comfy.ldm.hidream.model", "HiDreamImageTransformer2DModel")
+    patcher = _patcher(comfy, comfy.supported_models.HiDream, dict(
+        image_model="hidream", patch_size=2, in_channels=16, out_channels=16, num_layers=1, num_single_layers=2,
+        attention_head_dim=16, num_attention_heads=2, caption_channels=[32, 32], text_emb_dim=32,
+        num_routed_experts=2, num_activated_experts=1, axes_dims_rope=(8, 4, 4), max_resolution=(16, 16),
+        llama_layers=[0, 1, 2]))
+    g = torch.Generator().manual_seed(5)
+    extra = dict(pooled_output=torch.randn(1, 32, generator=g), conditioning_llama3=torch.randn(1, 3, 4, 32, generator=g))
+    if image_cond:
+        extra["concat_latent_image"] = torch.randn(1, 16, 10, 13, generator=g)
+    return patcher, torch.zeros(1, 16, 10, 13), _cond(5, 32, **extra), dict(prefix=0, grid=35, suffix=13), 3
+
+
 FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance, "qwen_image": qwen_image,
             "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
-            "wan_animate": wan_animate}
+            "wan_animate": wan_animate, "hidream": hidream}
 TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma", "wan_phantom": "wan"}
 
 
@@ -229,7 +245,7 @@ def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
     _check_kept(vanilla, patched, where, reduced)
 
 
-@pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv"])
+@pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv", "hidream"])
 def test_block_range_reduces_the_second_half(comfy, family):
     patcher, latent, cond, where, reduced = FAMILIES[family](comfy)
     vanilla = _spied(comfy, patcher, latent, cond)
@@ -238,6 +254,18 @@ def test_block_range_reduces_the_second_half(comfy, family):
     over = [i for i, a in enumerate(vanilla) if a[1].shape[_seq(a)] == a[0].shape[_seq(a)]
             == where["prefix"] + where["grid"] + where["suffix"]]
     assert len(over) == reduced and [i for i, s in enumerate(shortened) if s] == over[reduced // 2:]
+
+
+def test_hidream_e1_image_cond_is_left_unreduced(comfy):
+    """HiDream E1 concatenates its reference along the width (each token row mixes both images): its sequence is
+    longer than the I1 layout, so such a call is left whole, bit-identical to the unpatched model, while the same
+    patched model without image_cond is reduced."""
+    patcher, latent, cond, _, _ = hidream(comfy, image_cond=True)
+    expected = sample(comfy, patcher, latent, cond)
+    patched = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv"))
+    assert torch.equal(sample(comfy, patched, latent, cond), expected)
+    _, _, plain, _, _ = hidream(comfy)
+    assert not torch.equal(sample(comfy, patched, latent, plain), sample(comfy, patcher, latent, plain))
 
 
 def test_auraflow_is_refused_naming_it_not_taken_for_sd3(comfy):

@@ -140,9 +140,10 @@ class DiTKVPatch(KVPatchState):
                 return offsets[kind] + int(options.get("block_index", 0)) if n >= end else None
             if keep_image is not None and n == layout.grid_tokens and seen[0] > 0:
                 return seen[0] - 1  # SD3.5's x_block self-attention, after its block's joint attention
-            if family.text == "last" or n != layout.length or n == ambiguous:
-                # No block report: [image, text] cannot be told from the text refiner's self-attention, and a
-                # cross-attention whose text has the layout's length cannot be told from self-attention.
+            if family.text == "last" and not family.text_tokens or n != layout.length or n == ambiguous:
+                # No block report: [image, text] cannot be told from the text refiner's self-attention unless the
+                # table gives the whole text's length (HiDream), and a cross-attention whose text has the layout's
+                # length cannot be told from self-attention.
                 return None
             index, seen[0] = seen[0], seen[0] + 1
             return index

@@ -63,6 +63,9 @@ class ComfyFamily:
         keyframe_idxs: guide frames appended to the latent), kept whole.
     appended: latents of the call's keywords that the model patches and puts beside the grid, kept whole.
     reference_frames: leading latent frames that are a reference image, not video (Wan Animate), kept whole.
+    text_tokens: for text "last" without block reports, (keyword, token axis, times) of the call's text inputs
+        that make the whole text after the grid ("c_crossattn": the context), so the joint attention is told
+        apart by its length (HiDream: T5 + twice the Llama tokens).
     """
 
     name: str
@@ -76,6 +79,7 @@ class ComfyFamily:
     conditioning: Optional[str] = None
     appended: Tuple[Appended, ...] = ()
     reference_frames: int = 0
+    text_tokens: Tuple[Tuple[str, int, int], ...] = ()
 
 
 _DIFFUSIONMODULES = "comfy.ldm.modules.diffusionmodules."
@@ -117,6 +121,12 @@ TABLE: Tuple[ComfyFamily, ...] = (
     # the caption or the image alone (other lengths: never reduced).
     ComfyFamily("lumina2", ("comfy.ldm.lumina.model.NextDiT",), "first", (ComfyBlocks("layers", "layers"),),
                 pad_multiple="pad_tokens_multiple"),
+    # HiDream I1: [image, text] in double and single blocks, no block reports in 0.3.75 nor 2026-08: the joint
+    # attentions are counted by their length. E1's image_cond widens every token row (concatenated along the
+    # width): its sequence is longer than this layout, so such a call is never reduced.
+    ComfyFamily("hidream", ("comfy.ldm.hidream.model.HiDreamImageTransformer2DModel",), "last",
+                (ComfyBlocks("double_stream_blocks", "double"), ComfyBlocks("single_stream_blocks", "single")),
+                text_tokens=(("c_crossattn", 1, 1), ("encoder_hidden_states_llama3", 2, 2))),
     ComfyFamily("ltxv", ("comfy.ldm.lightricks.model.LTXVModel",), "separate",
                 (ComfyBlocks("transformer_blocks", "transformer"),), patch="patchifier.patch_size",
                 conditioning="keyframe_idxs"),
@@ -139,7 +149,7 @@ def family_of(diffusion_model: Any) -> Optional[ComfyFamily]:
 
 def supported_names() -> str:
     return "Flux.1/Flux.2/Kontext, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), Wan 2.x " \
-           "(WanModel, VACE, Camera, HuMo, Animate), HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
+           "(WanModel, VACE, Camera, HuMo, Animate), HiDream I1, HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
 
 
 def _attr_path(obj: Any, path: str) -> Any:
@@ -214,6 +224,12 @@ def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.
         if len(grid) != 3 or kept % frame or kept // frame >= grid[0]:
             return None
         return TokenLayout((grid[0] - kept // frame,) + grid[1:], suffix=kept)
+    if entry.text == "last" and entry.text_tokens:
+        inputs = dict(extra, c_crossattn=context)
+        if any(not isinstance(inputs.get(key), torch.Tensor) or inputs[key].ndim <= axis
+               for key, axis, _ in entry.text_tokens):
+            return None
+        return TokenLayout(grid, suffix=sum(inputs[key].shape[axis] * times for key, axis, times in entry.text_tokens))
     if entry.text == "last":
         reference = extra.get("ref_latent")
         if not isinstance(reference, torch.Tensor):
