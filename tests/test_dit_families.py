@@ -217,13 +217,28 @@ def hidream(h: int = 6, w: int = 6, batch: int = 1):
     return model, inputs, dict(prefix=0, suffix=padding + 13, grid=(h, w))
 
 
+def kandinsky5(frames: int = 3, h: int = 6, w: int = 10, batch: int = 1, text: int = 5):
+    """Channels-last latent [B, F, H, W, C]; text blocks (text alone), then visual blocks (self-attention over the
+    grid, cross-attention to the text)."""
+    model = _seed_weights(diffusers.Kandinsky5Transformer3DModel(
+        in_visual_dim=4, in_text_dim=32, in_text_dim2=32, time_dim=32, out_visual_dim=4, patch_size=(1, 2, 2),
+        model_dim=32, ff_dim=32, num_text_blocks=1, num_visual_blocks=2, axes_dims=(4, 6, 6)))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, frames, h, w, 4, generator=g),
+                  encoder_hidden_states=torch.randn(batch, text, 32, generator=g), timestep=torch.full((batch,), 600.0),
+                  pooled_projections=torch.randn(batch, 32, generator=g), text_rope_pos=torch.arange(text),
+                  visual_rope_pos=(torch.arange(frames), torch.arange(h // 2), torch.arange(w // 2)))
+    return model, inputs, dict(prefix=0, suffix=0, grid=(frames, h // 2, w // 2) if frames > 1 else (h // 2, w // 2))
+
+
 FAMILIES = {"chroma": chroma, "flux2": flux2, "qwen_image": qwen_image, "lumina2": lumina2, "z_image": z_image,
             "ltx_video": ltx_video, "ltx2": ltx2, "wan_vace": wan_vace, "wan_animate": wan_animate,
-            "hunyuan_video15": hunyuan_video15, "hunyuan_image": hunyuan_image, "hidream": hidream}
+            "hunyuan_video15": hunyuan_video15, "hunyuan_image": hunyuan_image, "hidream": hidream,
+            "kandinsky5": kandinsky5}
 # Self-attentions over the layout per model call, in order: the ones the default range reduces.
 DEFAULT_REDUCED = {"chroma": 3, "flux2": 3, "qwen_image": 2, "lumina2": 2, "z_image": 2, "ltx_video": 2, "ltx2": 2,
                    "wan_vace": 5, "wan_animate": 2,
-                   "hunyuan_video15": 2, "hunyuan_image": 3, "hidream": 3}
+                   "hunyuan_video15": 2, "hunyuan_image": 3, "hidream": 3, "kandinsky5": 2}
 
 
 def run(model, inputs) -> torch.Tensor:
@@ -362,7 +377,8 @@ def test_ltx2_reduces_the_video_self_attention_only():
                                          ("wan_animate", dict(frames=2, h=6, w=10)),
                                          ("hunyuan_video15", dict(frames=1, h=5, w=7)),
                                          ("hunyuan_image", dict(h=3, w=9)),
-                                         ("hidream", dict(h=5, w=7))])
+                                         ("hidream", dict(h=5, w=7)),
+                                         ("kandinsky5", dict(frames=1, h=10, w=14))])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_odd_sizes_and_batches(family, size, batch):
     model, inputs, _ = FAMILIES[family](batch=batch, **size)
@@ -377,6 +393,10 @@ def test_odd_sizes_and_batches(family, size, batch):
 def test_bf16(family):
     model, inputs, _ = FAMILIES[family]()
     model = model.to(torch.bfloat16)
+    if family == "kandinsky5":  # runs only as from_pretrained(torch_dtype=bf16) loads it: these modules in float32
+        for name, module in model.named_modules():
+            if set(name.split(".")) & set(model._keep_in_fp32_modules):
+                module.float()
 
     def cast(value):
         if isinstance(value, list):

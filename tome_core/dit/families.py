@@ -255,6 +255,17 @@ def _hidream_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     return Tokens(grid, text=t5.shape[1] + 2 * llama[0].shape[-2], after=padding)
 
 
+def _kandinsky5_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """Kandinsky 5 (image and video): channels-last latent [B, F, H, W, C] -> grid (F/pt, H/ph, W/pw), flattened
+    in raster order; its visual self-attention sees the grid alone. With sparse_params (NABLA attention, a
+    block-local "fractal" token order) the call is left unreduced."""
+    hidden = _arg(call, 0, "hidden_states")
+    if hidden is None or hidden.ndim != 5 or _arg(call, 7, "sparse_params") is not None:
+        return None
+    pt, ph, pw = model.config.patch_size
+    return Tokens(_squeeze_frames((hidden.shape[1] // pt, hidden.shape[2] // ph, hidden.shape[3] // pw)))
+
+
 def _wan_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Latent [B, C, F, H, W] -> grid (F/pt, H/ph, W/pw); attn1 sees video tokens only."""
     hidden = _arg(call, 0, "hidden_states")
@@ -362,6 +373,10 @@ TABLE: Tuple[Family, ...] = (
            (BlockList("double_stream_blocks", (("block.attn1", "joint"),)),
             BlockList("single_stream_blocks", (("block.attn1", "joint"),))), _hidream_tokens,
            Timestep(1, "timesteps", 1000.0)),
+    # Kandinsky 5: its text blocks see the text alone (never hooked); the visual blocks' self-attention the grid.
+    Family("kandinsky5", (_TRANSFORMERS + "transformer_kandinsky.Kandinsky5Transformer3DModel",), "separate",
+           (BlockList("visual_transformer_blocks", (("self_attention", "image"),)),), _kandinsky5_tokens,
+           Timestep(2, "timestep", 1000.0)),
     # Lumina 2 and Z-Image: the refiners see the caption or the image alone; the main layers the joint sequence.
     Family("lumina2", (_TRANSFORMERS + "transformer_lumina2.Lumina2Transformer2DModel",), "first",
            (BlockList("layers", (("attn", "joint"),)),), _lumina2_tokens, Timestep(1, "timestep", 1.0, rising=True)),
