@@ -266,6 +266,29 @@ def _kandinsky5_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     return Tokens(_squeeze_frames((hidden.shape[1] // pt, hidden.shape[2] // ph, hidden.shape[3] // pw)))
 
 
+def _cogvideox_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """CogVideoX: latent [B, F, C, H, W] -> grid (F/pt, H/p, W/p) (1.0: no temporal patch); [text, video]."""
+    hidden, text = _arg(call, 0, "hidden_states"), _arg(call, 1, "encoder_hidden_states")
+    if hidden is None or text is None or hidden.ndim != 5:
+        return None
+    p, pt = model.config.patch_size, model.config.patch_size_t or 1
+    return Tokens(_squeeze_frames((hidden.shape[1] // pt, hidden.shape[3] // p, hidden.shape[4] // p)),
+                  text=text.shape[1])
+
+
+def _mochi_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """Mochi: latent [B, C, F, H, W] -> grid (F, H/p, W/p); each sample attends [video, its valid text tokens]
+    (one attention call per sample), so the layout holds only where every sample has one valid text length."""
+    hidden, mask = _arg(call, 0, "hidden_states"), _arg(call, 3, "encoder_attention_mask")
+    if hidden is None or mask is None or hidden.ndim != 5:
+        return None
+    lengths = mask.sum(dim=1).tolist()
+    if len(set(lengths)) != 1:
+        return None
+    p = model.config.patch_size
+    return Tokens(_squeeze_frames((hidden.shape[2], hidden.shape[3] // p, hidden.shape[4] // p)), text=int(lengths[0]))
+
+
 def _wan_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Latent [B, C, F, H, W] -> grid (F/pt, H/ph, W/pw); attn1 sees video tokens only."""
     hidden = _arg(call, 0, "hidden_states")
@@ -377,6 +400,12 @@ TABLE: Tuple[Family, ...] = (
     Family("kandinsky5", (_TRANSFORMERS + "transformer_kandinsky.Kandinsky5Transformer3DModel",), "separate",
            (BlockList("visual_transformer_blocks", (("self_attention", "image"),)),), _kandinsky5_tokens,
            Timestep(2, "timestep", 1000.0)),
+    Family("cogvideox", (_TRANSFORMERS + "cogvideox_transformer_3d.CogVideoXTransformer3DModel",), "first",
+           (BlockList("transformer_blocks", (("attn1", "joint"),)),), _cogvideox_tokens, Timestep(2, "timestep", 1000.0)),
+    # Mochi's pipeline passes reversed timesteps (rising 0 -> 1000 over sampling).
+    Family("mochi", (_TRANSFORMERS + "transformer_mochi.MochiTransformer3DModel",), "last",
+           (BlockList("transformer_blocks", (("attn1", "joint"),)),), _mochi_tokens,
+           Timestep(2, "timestep", 1000.0, rising=True)),
     # Lumina 2 and Z-Image: the refiners see the caption or the image alone; the main layers the joint sequence.
     Family("lumina2", (_TRANSFORMERS + "transformer_lumina2.Lumina2Transformer2DModel",), "first",
            (BlockList("layers", (("attn", "joint"),)),), _lumina2_tokens, Timestep(1, "timestep", 1.0, rising=True)),
