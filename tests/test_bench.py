@@ -119,7 +119,7 @@ def test_module_help_in_a_subprocess():
     (["--families", "sd15,flux"], "sd15 (UNet) and flux (DiT) need separate runs"),
     (["--families", "flux", "--methods", "vanilla,merge,tomesd"],
      "methods: merge, tomesd not available for DiT families (flux)"),
-    (["--families", "sd3", "--frames", "33"], "--frames is for the video family wan, not sd3"),
+    (["--families", "sd3", "--frames", "33"], "--frames is for the video families wan, ltx2, not sd3"),
     (["--families", "sdxl", "--blocks", "1"], "--blocks is for DiT families"),
     (["--families", "wan", "--frames", "32"], "frames must be 4k + 1"),
     (["--families", "flux", "--res", "1000"], "DiT sizes must be multiples of 16 px"),

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from .device import check_device
 from .methods import DEFAULT_METHODS, DESCRIPTIONS, METHODS
-from .dit_runner import DEFAULT_SIZES, DIT_FAMILIES
+from .dit_runner import DEFAULT_SIZES, DIT_FAMILIES, VIDEO_FAMILIES
 from .models import FAMILIES
 from .runner import ATTENTION_BACKENDS, BenchConfig
 
@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "Wan 1.3B 30) does not fit 2 CPU cores; per-block cost and the share of time "
                         "in attention are those of the real model")
     p.add_argument("--frames", type=int, default=None,
-                   help="wan only: video frames, 4k+1 (default: 33, i.e. 9 latent frames)")
+                   help="video families (wan, ltx2): video frames, 4k+1 for wan, 8k+1 for ltx2 "
+                        "(default: 33, i.e. 9 latent frames for wan, 5 for ltx2)")
     p.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default=None,
                    help="weights and activations (default: bf16; fp16 with --gpu-suite; "
                         "fp16 only on CUDA)")
@@ -183,8 +184,9 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
         if args.blocks is not None:
             raise UsageError(f"--blocks is for DiT families ({', '.join(DIT_FAMILIES)}), "
                              f"not {','.join(families)}")
-    if args.frames is not None and "wan" not in families:
-        raise UsageError(f"--frames is for the video family wan, not {','.join(families)} (images)")
+    if args.frames is not None and not set(VIDEO_FAMILIES) & set(families):
+        raise UsageError(f"--frames is for the video families {', '.join(VIDEO_FAMILIES)}, "
+                         f"not {','.join(families)} (images)")
     if args.profile and dit:
         raise UsageError("--profile is for UNet families only; DiT rows show the attention share instead")
     repeats = preset["repeats"] if args.repeats is None else args.repeats

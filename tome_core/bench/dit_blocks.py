@@ -1,13 +1,15 @@
 """Which blocks of a DiT tolerate mode "kv" best: the peaked-attention error of each block range.
 
     python -m tome_core.bench.dit_blocks --families flux,sd3,wan --blocks 4
+    python -m tome_core.bench.dit_blocks --families zimage,qwen,ltx2 --blocks 4
     python -m tome_core.bench.dit_blocks --families flux --blocks 2 --size 1024x1024 --ratio 0.5,0.75 \
         --ranges 0-1,0.34-1 --seeds 0,1,2
 
 For each family (the real architecture at full width, ``--blocks`` blocks of each kind, seeded
 weights, q/k norms scaled as in the bench's peaked-attention proxy), mode kv is applied to one
-block range at a time (thirds, halves, all) and the relative L2 error of the output (Flux) or of
-the CFG-combined prediction (SD3, Wan) against the unpatched model is measured. Every attention of
+block range at a time (thirds, halves, all) and the relative L2 error of the output (Flux,
+Z-Image-Turbo: distilled; LTX-2: its video) or of the CFG-combined prediction (SD3, Wan, Qwen-Image,
+LTX-2) against the unpatched model is measured. Every attention of
 a family has the same token count and width, so the attention time a range saves is proportional to
 the blocks it reduces: ``err / block`` is the error per unit of speed-up, the measure the defaults
 are chosen by. Errors only: no timing, so it runs on a busy machine too.
@@ -29,7 +31,9 @@ from . import dit_models
 
 RANGES: Tuple[Tuple[float, float], ...] = ((0.0, 1.0), (0.0, 0.5), (0.5, 1.0), (0.0, 1 / 3), (1 / 3, 2 / 3),
                                           (2 / 3, 1.0))
-SIZES = {"flux": (512, 512, 1), "sd3": (512, 512, 1), "wan": (480, 832, 9)}  # height, width, frames
+# height, width, frames: smaller than native (errors of every range at full width take minutes per family)
+SIZES = {"flux": (512, 512, 1), "sd3": (512, 512, 1), "wan": (480, 832, 9), "zimage": (512, 512, 1),
+         "qwen": (512, 512, 1), "ltx2": (512, 768, 25)}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -40,9 +44,9 @@ def range_errors(family: str, blocks: int, ratio: float, peaked: float, dtype: t
 
     scale "tiny" and a small ``size`` (height, width, frames) are for tests.
     """
-    model = dit_models.build_dit(family, blocks, seed=seed, scale=scale).to(dtype)
+    model = dit_models.build_dit(family, blocks, seed=seed, dtype=dtype, scale=scale)
     height, width, frames = size or SIZES[family]
-    batch = 1 if family == "flux" else 2
+    batch = dit_models.DEFAULT_BATCH.get(family, 2)
     inputs = dit_models.make_dit_inputs(model, family, batch, height, width, frames=frames, seed=seed, dtype=dtype)
     order = list(dict.fromkeys(name.rsplit(".", 1)[0] for name, _, _ in family_of(model).attentions(model)))
     rows = []
@@ -93,16 +97,20 @@ def _size(text: str) -> Tuple[int, int, int]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tome_core.bench.dit_blocks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default="flux,sd3,wan", help="comma list of flux, sd3, wan")
-    parser.add_argument("--blocks", type=int, default=4, help="blocks of each kind (Flux: N double + 2N single)")
+    parser.add_argument("--families", default="flux,sd3,wan", help=f"comma list of {', '.join(SIZES)}")
+    parser.add_argument("--blocks", type=int, default=4, help="blocks of each kind (Flux: N double + 2N single; "
+                        "Z-Image: N layers and its refiners, 2 per 30 layers)")
     parser.add_argument("--ratio", default="0.5", help="kv ratio, or a comma list (default 0.5)")
     parser.add_argument("--ranges", default=None, help="comma list of START-END block ranges "
                         "(default: all, halves, thirds)")
-    parser.add_argument("--size", default=None, help="HxW or HxWxFRAMES (default: Flux/SD3 512x512, Wan 480x832x9)")
+    parser.add_argument("--size", default=None, help="HxW or HxWxFRAMES (default: Flux, SD3, Z-Image, Qwen-Image "
+                        "512x512, Wan 480x832x9, LTX-2 512x768x25)")
     parser.add_argument("--peaked", type=float, default=3.0, help="q/k norm scale of the proxy (default 3)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     parser.add_argument("--seeds", default="0", help="comma list of seeds (weights, inputs, picks)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--tiny", action="store_true", help="tests only: tiny-width models (the layout, not the "
+                        "real errors)")
     args = parser.parse_args(argv)
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = sorted(set(families) - set(SIZES))
@@ -122,7 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for seed in seeds:
             for ratio in ratios:
                 found = range_errors(family, args.blocks, ratio, args.peaked, DTYPES[args.dtype], ranges=ranges,
-                                     seed=seed, size=size)
+                                     seed=seed, scale="tiny" if args.tiny else "full", size=size)
                 for row in found:
                     row.update(seed=seed, ratio=ratio)
                 rows += found

@@ -1,4 +1,4 @@
-"""DiT families (Flux, SD3, Wan) in the benchmark: vanilla vs mode "kv" through the runner's rounds
+"""DiT families (Flux, SD3, Wan, Z-Image, Qwen-Image, LTX-2) in the benchmark: vanilla vs mode "kv" through the runner's rounds
 (:data:`DIT` is their ``family.BenchFamily``; a new DiT family is a ``dit_models`` family plus its
 entry in :data:`DEFAULT_SIZES`).
 
@@ -8,7 +8,8 @@ round on peaked attention (errors, memory, kernel), vanilla once more (drift che
 timing its share in scaled_dot_product_attention (the ceiling of any kv speed-up is
 1/(1-share)), then interleaved timed rounds with paired ratios and noise bands (``stats``). Rows
 are the runner's, plus token counts, blocks, attention share and ceiling; Flux is
-guidance-distilled, so its guided error is the output's.
+guidance-distilled and Z-Image-Turbo runs at CFG 1 (batch 1), so their guided error is the output's.
+LTX-2's error is its video prediction's (the reduced stream; its audio keeps every key).
 """
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ from . import dit_models, measure
 from .family import Case
 
 DIT_FAMILIES = dit_models.DIT_FAMILIES
+VIDEO_FAMILIES = dit_models.VIDEO_FAMILIES
 DIT_METHODS = ("vanilla", "kv")
-_NOT_FOR_DITS = "Flux, SD3 and Wan take mode kv (nearest picks) only"
+_NOT_FOR_DITS = "DiTs (Flux, SD3, Wan, Z-Image, Qwen-Image, LTX-2) take mode kv (nearest picks) only"
 SKIPPED = {"merge": f"merges tokens through UNet transformer blocks; {_NOT_FOR_DITS}",
            "tomesd": f"patches UNets only; {_NOT_FOR_DITS}"}
-DEFAULT_SIZES = {"flux": (1024, 1024), "sd3": (1024, 1024), "wan": (832, 480)}
-DEFAULT_BATCH = {"flux": 1}  # guidance-distilled: no CFG pair; SD3 and Wan: [uncond; cond]
+# native sizes (width, height): Qwen-Image's 1:1 is 1328 px, LTX-2's default 768x512 (frames: --frames)
+DEFAULT_SIZES = {"flux": (1024, 1024), "sd3": (1024, 1024), "wan": (832, 480), "zimage": (1024, 1024),
+                 "qwen": (1328, 1328), "ltx2": (768, 512)}
+DEFAULT_BATCH = dit_models.DEFAULT_BATCH  # Flux, Z-Image-Turbo: 1 (no CFG pair); the others [uncond; cond]
 
 
 def check_config(cfg, method_names: tuple[str, ...]) -> None:
@@ -40,10 +44,15 @@ def check_config(cfg, method_names: tuple[str, ...]) -> None:
     if cfg.frames < 1 or cfg.frames % 4 != 1:
         raise ValueError(f"frames must be 4k + 1 (Wan's VAE keeps 1 + (frames - 1) / 4 latent frames), "
                          f"e.g. 33 or 81, got {cfg.frames}")
+    if "ltx2" in cfg.families and cfg.frames % 8 != 1:
+        raise ValueError(f"frames must be 8k + 1 for ltx2 (LTX-2's VAE keeps 1 + (frames - 1) / 8 latent "
+                         f"frames), e.g. 33 or 121, got {cfg.frames}")
     for w, h in cfg.resolutions or ():
         if w % 16 or h % 16:
             raise ValueError(f"DiT sizes must be multiples of 16 px (latent = px / 8, then 2x2 patches), "
                              f"got {w}x{h}")
+        if "ltx2" in cfg.families and (w % 32 or h % 32):
+            raise ValueError(f"ltx2 sizes must be multiples of 32 px (LTX-2's latent = px / 32), got {w}x{h}")
 
 
 def build(family: str, cfg) -> torch.nn.Module:
@@ -53,9 +62,13 @@ def build(family: str, cfg) -> torch.nn.Module:
     return torch.nn.Module.to(model, cfg.device, measure.DTYPES[cfg.dtype])
 
 
-def blocks_text(family: str, blocks: int) -> str:
-    """Blocks built, by kind: Flux has double- and single-stream blocks (1:2, as the real 19:38)."""
-    return f"{blocks}+{2 * blocks}" if family == "flux" else str(blocks)
+def blocks_text(family: str, blocks: int, scale: str = "full") -> str:
+    """Blocks built, by kind: Flux has double- and single-stream blocks (1:2, as the real 19:38); Z-Image
+    its layers, then its noise + caption refiners where the depth has any (``dit_models.refiner_layers``)."""
+    if family == "flux":
+        return f"{blocks}+{2 * blocks}"
+    refiners = dit_models.refiner_layers(blocks, scale) if family == "zimage" else 0
+    return f"{blocks}+{refiners}+{refiners}" if refiners else str(blocks)
 
 
 def _forward(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
@@ -75,10 +88,10 @@ def _attention_probe(share: dict):
 
 
 def _errors(family: str):
-    """measure.errors, except that Flux's output is its guided prediction (guidance-distilled)."""
+    """measure.errors, except that a distilled model's output is its guided prediction (Flux; Z-Image-Turbo)."""
     def errors(y: torch.Tensor, ref: torch.Tensor, guidance: float) -> tuple[float, float | None]:
         raw, guided = measure.errors(y, ref, guidance)
-        return raw, raw if family == "flux" else guided
+        return raw, raw if dit_models.distilled(family, y.shape[0]) else guided
     return errors
 
 
@@ -114,16 +127,19 @@ class DiTFamily:
         def extra() -> dict:
             image, text = dit_models.token_counts(name, height, width, cfg.frames)
             a = share.get("share")
-            fields = dict(image_tokens=image, text_tokens=text, blocks=blocks_text(name, cfg.blocks),
+            fields = dict(image_tokens=image, text_tokens=text, blocks=blocks_text(name, cfg.blocks, cfg.scale),
                           real_blocks=dit_models.REAL_DEPTH[name], attn_share=a,
                           speedup_ceiling=None if a is None or a >= 1 else 1 / (1 - a),
-                          guided="distilled" if name == "flux" else ("cfg" if batch % 2 == 0 else None))
-            if name == "wan":
-                fields.update(frames=cfg.frames,
-                              latent=f"{dit_models.latent_frames(cfg.frames)}x{height // 8}x{width // 8}")
+                          guided="distilled" if dit_models.distilled(name, batch) else
+                          ("cfg" if batch % 2 == 0 else None))
+            if name in VIDEO_FAMILIES:
+                f, h, w = dit_models.latent_shape(name, height, width, cfg.frames)
+                fields.update(frames=cfg.frames, latent=f"{f}x{h}x{w}")
+            if name == "ltx2":  # its audio stream: every key kept, cost not reduced
+                fields.update(audio_tokens=dit_models.audio_tokens(cfg.frames))
             return fields
 
-        return Case({k: v.to(cfg.device) for k, v in inputs.items()}, _forward,
+        return Case(dit_models.to_device(inputs, torch.device(cfg.device)), _forward,
                     dit_models.peaked_attention, probe=_attention_probe(share),
                     errors=_errors(name), extra=extra)
 
