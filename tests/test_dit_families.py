@@ -258,15 +258,38 @@ def mochi(frames: int = 3, h: int = 6, w: int = 10, batch: int = 1, text: int = 
     return model, inputs, dict(prefix=0, suffix=text - 1, grid=(frames, h // 2, w // 2) if frames > 1 else (h // 2, w // 2))
 
 
+def _longcat_ids(h: int, w: int, modality: int, start: int) -> torch.Tensor:
+    """LongCat's image ids: (modality, start + row, start + column), as its pipelines build them."""
+    return _raster_ids(h, w, 3, first=float(modality)) + torch.tensor([0.0, start, start])
+
+
+def longcat_image(h: int = 6, w: int = 7, batch: int = 1, text: int = 5, refs: bool = False):
+    """[text, image, reference]: image ids start at the text length; with ``refs`` the edit model's 3 x 4
+    reference image (modality 2) follows the grid."""
+    model = _seed_weights(diffusers.LongCatImageTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=[4, 6, 6]))
+    g = torch.Generator().manual_seed(1)
+    ids = _longcat_ids(h, w, 1, text)
+    if refs:
+        ids = torch.cat([ids, _longcat_ids(3, 4, 2, text)])
+    text_ids = torch.zeros(text, 3)
+    text_ids[:, 1] = text_ids[:, 2] = torch.arange(text)
+    inputs = dict(hidden_states=torch.randn(batch, ids.shape[0], 16, generator=g),
+                  encoder_hidden_states=torch.randn(batch, text, 32, generator=g), timestep=torch.full((batch,), 0.6),
+                  img_ids=ids, txt_ids=text_ids)
+    return model, inputs, dict(prefix=text, suffix=ids.shape[0] - h * w, grid=(h, w))
+
+
 FAMILIES = {"chroma": chroma, "flux2": flux2, "qwen_image": qwen_image, "lumina2": lumina2, "z_image": z_image,
             "ltx_video": ltx_video, "ltx2": ltx2, "wan_vace": wan_vace, "wan_animate": wan_animate,
             "hunyuan_video15": hunyuan_video15, "hunyuan_image": hunyuan_image, "hidream": hidream,
-            "kandinsky5": kandinsky5, "cogvideox": cogvideox, "mochi": mochi}
+            "kandinsky5": kandinsky5, "cogvideox": cogvideox, "mochi": mochi, "longcat_image": longcat_image}
 # Self-attentions over the layout per model call, in order: the ones the default range reduces.
 DEFAULT_REDUCED = {"chroma": 3, "flux2": 3, "qwen_image": 2, "lumina2": 2, "z_image": 2, "ltx_video": 2, "ltx2": 2,
                    "wan_vace": 5, "wan_animate": 2,
                    "hunyuan_video15": 2, "hunyuan_image": 3, "hidream": 3, "kandinsky5": 2,
-                   "cogvideox": 2, "mochi": 2}
+                   "cogvideox": 2, "mochi": 2, "longcat_image": 3}
 
 
 def run(model, inputs) -> torch.Tensor:
@@ -361,10 +384,11 @@ def test_queries_text_and_non_grid_tokens_keep_every_key(family):
     _check_kept(family, vanilla, patched, where)
 
 
-@pytest.mark.parametrize("family", ["flux2", "qwen_image"])
+@pytest.mark.parametrize("family", ["flux2", "qwen_image", "longcat_image"])
 def test_reference_image_tokens_after_the_grid_keep_every_key(family):
-    """Flux.2's reference images (ids with t = 10) and Qwen-Image-Edit's (img_shapes after the first) follow
-    the grid: the grid is reduced, every reference key/value is kept."""
+    """Flux.2's reference images (ids with t = 10), Qwen-Image-Edit's (img_shapes after the first) and
+    LongCat-Image-Edit's (ids of modality 2) follow the grid: the grid is reduced, every reference key/value
+    is kept."""
     model, inputs, where = FAMILIES[family](refs=True)
     assert where["suffix"] == 12
     _, vanilla = spied(model, inputs)
@@ -408,7 +432,8 @@ def test_ltx2_reduces_the_video_self_attention_only():
                                          ("hidream", dict(h=5, w=7)),
                                          ("kandinsky5", dict(frames=1, h=10, w=14)),
                                          ("cogvideox", dict(frames=2, h=10, w=6)),
-                                         ("mochi", dict(frames=1, h=10, w=14))])
+                                         ("mochi", dict(frames=1, h=10, w=14)),
+                                         ("longcat_image", dict(h=5, w=3))])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_odd_sizes_and_batches(family, size, batch):
     model, inputs, _ = FAMILIES[family](batch=batch, **size)

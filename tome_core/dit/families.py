@@ -178,6 +178,25 @@ def _flux2_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     return None if grid is None else Tokens(grid, text=text.shape[1], after=ids.shape[0] - grid_len)
 
 
+def _longcat_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """LongCat-Image: ids (modality, row, column), the image raster starting at the text's length on both axes.
+    The grid is the leading run of the first modality (1) as a raster from that start; the edit model's
+    reference image follows with modality 2 and keeps every key. Text first."""
+    hidden, text, ids = _arg(call, 0, "hidden_states"), _arg(call, 1, "encoder_hidden_states"), \
+        _arg(call, 3, "img_ids")
+    if hidden is None or text is None or ids is None:
+        return None
+    ids = (ids[0] if ids.ndim == 3 else ids).detach().to("cpu", torch.float64)
+    if ids.shape[0] != hidden.shape[1] or ids.shape[0] == 0:
+        return None
+    same = ids[:, 0] == ids[0, 0]
+    grid_len = int(same.long().cumprod(0).sum())
+    if bool(same[grid_len:].any()):
+        return None
+    grid = _raster(ids[:grid_len] - torch.tensor([ids[0, 0], ids[0, 1], ids[0, 2]], dtype=ids.dtype), 1, 2, (0,))
+    return None if grid is None else Tokens(grid, text=text.shape[1], after=ids.shape[0] - grid_len)
+
+
 def _qwen_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Qwen-Image: ``img_shapes`` [(frames, h, w), *references] per sample; [text, image, references]:
     the first shape is the grid, the edit models' reference images after it keep every key."""
@@ -370,6 +389,10 @@ TABLE: Tuple[Family, ...] = (
            _flux_ids(3), Timestep(2, "timestep", 1.0)),
     Family("flux2", (_TRANSFORMERS + "transformer_flux2.Flux2Transformer2DModel",), "first", _DOUBLE_SINGLE,
            _flux2_tokens, Timestep(2, "timestep", 1.0)),
+    # LongCat-Image (and its edit model): Flux-like double/single blocks, [text, image, reference]; its
+    # transformer multiplies the timestep by 1000 itself.
+    Family("longcat_image", (_TRANSFORMERS + "transformer_longcat_image.LongCatImageTransformer2DModel",), "first",
+           _DOUBLE_SINGLE, _longcat_tokens, Timestep(2, "timestep", 1.0)),
     Family("qwen_image", (_TRANSFORMERS + "transformer_qwenimage.QwenImageTransformer2DModel",), "first",
            (BlockList("transformer_blocks", (("attn", "joint"),)),), _qwen_tokens, Timestep(3, "timestep", 1.0)),
     Family("sd3", (_TRANSFORMERS + "transformer_sd3.SD3Transformer2DModel",), "last",
