@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
 from .config import ToMeConfig
+from .fused_kv import add_kv_projection
+from .host_caches import Guarded, refuse_caches_inside
 from .levels import attention_base_downsample, transformer_blocks
 from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 
@@ -22,19 +24,26 @@ _TRAIN_TIMESTEPS = 1000  # SD1.x/SD2.x/SDXL are all trained on 1000 DDPM timeste
 _HIDDEN_NAMES = ("hidden_states", "x")
 
 
+class Removable(Protocol):
+    """A hook handle, or anything else a patch adds that ``remove()`` takes away again."""
+
+    def remove(self) -> None: ...
+
+
 @dataclass
 class PatchState:
     """Everything a patch adds to one UNet; lives at ``unet._tome_core`` until removal."""
 
     config: ToMeConfig
     merger: TokenMerger
-    handles: List[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
+    handles: List[Removable] = field(default_factory=list)
     num_blocks: int = 0
     latent_hw: Optional[Tuple[int, int]] = None
     step_key: float = 0.0
     progress: Optional[float] = None
     active: bool = True  # this model call is inside the step schedule
     tables: Dict[Tuple[int, int], Any] = field(default_factory=dict)  # this call's per-level choices
+    guarded: List[Guarded] = field(default_factory=list)  # modules whose tokens ToMe changes (host_caches.py)
 
     def plan_for(self, hidden: torch.Tensor) -> TokenPlan:
         """The plan of a block whose input is ``hidden``, in the current model call.
@@ -141,8 +150,12 @@ def _hook_block(block: torch.nn.Module, state: PatchState) -> None:
 
 def _hook_kv(attention: torch.nn.Module, state: PatchState) -> None:
     """kv needs no metric, so attn1's own pre-hook makes and uses the plan: nothing is carried
-    between hooks, which keeps the block traceable by torch.compile (no state to reconstruct)."""
+    between hooks, which keeps the block traceable by torch.compile (no state to reconstruct).
+    A diffusers self-attention also gets a ``to_kv`` for its fused processor (see fused_kv.py)."""
     context_name = _context_argument(attention)
+    projection = add_kv_projection(attention)
+    if projection is not None:
+        state.handles.append(projection)
 
     def pool_keys_values(module, args, kwargs):
         # Only plain self-attention: attn1 that already attends to a context (diffusers'
@@ -159,13 +172,41 @@ def _hook_kv(attention: torch.nn.Module, state: PatchState) -> None:
     state.handles.append(attention.register_forward_pre_hook(pool_keys_values, with_kwargs=True))
 
 
+def guarded_modules(unet: torch.nn.Module, config: ToMeConfig) -> List[Guarded]:
+    """The modules whose tokens ToMe changes: merge: what it merges around; kv: attn1's insides."""
+    names = {id(module): name for name, module in unet.named_modules()}
+    if config.mode == "kv":
+        wanted = (("attn1", config.merge_attn, False),)
+    else:
+        wanted = (("attn1", config.merge_attn, True), ("attn2", config.merge_crossattn, True),
+                  ("ff", config.merge_mlp, True))
+    guarded = []
+    for block in transformer_blocks(unet):
+        for attr, enabled, include_self in wanted:
+            module = getattr(block, attr, None)
+            if enabled and module is not None:
+                guarded.append((names.get(id(module), attr), module, include_self))
+    return guarded
+
+
+def check_partners(unet: torch.nn.Module, config: ToMeConfig) -> None:
+    """Refuse, before anything is hooked, what ToMe cannot run beside (see host_caches.py)."""
+    if config.enabled:
+        refuse_caches_inside(guarded_modules(unet, config), config.mode)
+
+
 def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
     """Hook every transformer block of ``unet``; raises TypeError (and hooks nothing) if it has none."""
     state = PatchState(config=config, merger=TokenMerger(config, attention_base_downsample(unet)))
     blocks = transformer_blocks(unet)
+    if config.enabled:
+        state.guarded = guarded_modules(unet, config)
+        refuse_caches_inside(state.guarded, config.mode)
 
     @not_compiled
     def record_step(module, args, kwargs):
+        # A cache hook added after apply_patch is refused here, before any block of this call runs.
+        refuse_caches_inside(state.guarded, state.config.mode)
         sample = args[0] if args else kwargs.get("sample", kwargs.get("x"))
         timestep = args[1] if len(args) > 1 else next(
             (kwargs[k] for k in ("timestep", "timesteps", "t") if k in kwargs), None)

@@ -5,7 +5,7 @@ from typing import Optional, TypeVar
 
 from .config import ToMeConfig, require_all_blocks
 from .dit import diffusers_dit
-from .hooks import STATE_ATTR, install, uninstall
+from .hooks import STATE_ATTR, check_partners, install, uninstall
 from .levels import attention_base_downsample
 from .targets import SUPPORTED, find_unets, patched_modules
 
@@ -66,6 +66,8 @@ def apply_patch(
         )
     unets = check_patchable(model)
     require_all_blocks(config, type(model).__name__)
+    for unet in unets:  # another speed-up ToMe cannot run beside: refused before anything changes
+        check_partners(unet, config)
     remove_patch(model)
     for unet in unets:
         install(unet, config)
