@@ -281,15 +281,30 @@ def longcat_image(h: int = 6, w: int = 7, batch: int = 1, text: int = 5, refs: b
     return model, inputs, dict(prefix=text, suffix=ids.shape[0] - h * w, grid=(h, w))
 
 
+def krea2(h: int = 6, w: int = 7, batch: int = 1, text: int = 5):
+    """[text, image] single-stream blocks after a text-fusion stack (text alone); position ids from Krea2Pipeline."""
+    model = _seed_weights(diffusers.Krea2Transformer2DModel(
+        in_channels=16, num_layers=2, attention_head_dim=16, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=32, timestep_embed_dim=16, text_hidden_dim=32, num_text_layers=2, text_num_attention_heads=2,
+        text_num_key_value_heads=2, text_intermediate_size=32, num_layerwise_text_blocks=1, num_refiner_text_blocks=1,
+        axes_dims_rope=(4, 6, 6)))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, h * w, 16, generator=g),
+                  encoder_hidden_states=torch.randn(batch, text, 2, 32, generator=g), timestep=torch.full((batch,), 0.6),
+                  position_ids=diffusers.Krea2Pipeline.prepare_position_ids(text, h, w, "cpu"))
+    return model, inputs, dict(prefix=text, suffix=0, grid=(h, w))
+
+
 FAMILIES = {"chroma": chroma, "flux2": flux2, "qwen_image": qwen_image, "lumina2": lumina2, "z_image": z_image,
             "ltx_video": ltx_video, "ltx2": ltx2, "wan_vace": wan_vace, "wan_animate": wan_animate,
             "hunyuan_video15": hunyuan_video15, "hunyuan_image": hunyuan_image, "hidream": hidream,
-            "kandinsky5": kandinsky5, "cogvideox": cogvideox, "mochi": mochi, "longcat_image": longcat_image}
+            "kandinsky5": kandinsky5, "cogvideox": cogvideox, "mochi": mochi, "longcat_image": longcat_image,
+            "krea2": krea2}
 # Self-attentions over the layout per model call, in order: the ones the default range reduces.
 DEFAULT_REDUCED = {"chroma": 3, "flux2": 3, "qwen_image": 2, "lumina2": 2, "z_image": 2, "ltx_video": 2, "ltx2": 2,
                    "wan_vace": 5, "wan_animate": 2,
                    "hunyuan_video15": 2, "hunyuan_image": 3, "hidream": 3, "kandinsky5": 2,
-                   "cogvideox": 2, "mochi": 2, "longcat_image": 3}
+                   "cogvideox": 2, "mochi": 2, "longcat_image": 3, "krea2": 2}
 
 
 def run(model, inputs) -> torch.Tensor:
@@ -433,7 +448,8 @@ def test_ltx2_reduces_the_video_self_attention_only():
                                          ("kandinsky5", dict(frames=1, h=10, w=14)),
                                          ("cogvideox", dict(frames=2, h=10, w=6)),
                                          ("mochi", dict(frames=1, h=10, w=14)),
-                                         ("longcat_image", dict(h=5, w=3))])
+                                         ("longcat_image", dict(h=5, w=3)),
+                                         ("krea2", dict(h=3, w=9))])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_odd_sizes_and_batches(family, size, batch):
     model, inputs, _ = FAMILIES[family](batch=batch, **size)

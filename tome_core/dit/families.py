@@ -197,6 +197,17 @@ def _longcat_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     return None if grid is None else Tokens(grid, text=text.shape[1], after=ids.shape[0] - grid_len)
 
 
+def _krea2_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """Krea 2: one sequence [text, image]; ``position_ids`` [text + image, 3]: text rows at the origin, image rows
+    (0, row, column) of a plain raster (else left unreduced)."""
+    hidden, text, ids = _arg(call, 0, "hidden_states"), _arg(call, 1, "encoder_hidden_states"), \
+        _arg(call, 3, "position_ids")
+    if hidden is None or text is None or ids is None or ids.ndim != 2 or ids.shape[0] != text.shape[1] + hidden.shape[1]:
+        return None
+    grid = _raster(ids[text.shape[1]:].detach().to("cpu", torch.float64), 1, 2, (0,))
+    return None if grid is None else Tokens(grid, text=text.shape[1])
+
+
 def _qwen_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Qwen-Image: ``img_shapes`` [(frames, h, w), *references] per sample; [text, image, references]:
     the first shape is the grid, the edit models' reference images after it keep every key."""
@@ -393,6 +404,9 @@ TABLE: Tuple[Family, ...] = (
     # transformer multiplies the timestep by 1000 itself.
     Family("longcat_image", (_TRANSFORMERS + "transformer_longcat_image.LongCatImageTransformer2DModel",), "first",
            _DOUBLE_SINGLE, _longcat_tokens, Timestep(2, "timestep", 1.0)),
+    # Krea 2: single-stream [text, image] blocks after a text-fusion stack that sees the text alone (not hooked).
+    Family("krea2", (_TRANSFORMERS + "transformer_krea2.Krea2Transformer2DModel",), "first",
+           (BlockList("transformer_blocks", (("attn", "joint"),)),), _krea2_tokens, Timestep(2, "timestep", 1.0)),
     Family("qwen_image", (_TRANSFORMERS + "transformer_qwenimage.QwenImageTransformer2DModel",), "first",
            (BlockList("transformer_blocks", (("attn", "joint"),)),), _qwen_tokens, Timestep(3, "timestep", 1.0)),
     Family("sd3", (_TRANSFORMERS + "transformer_sd3.SD3Transformer2DModel",), "last",
