@@ -295,16 +295,27 @@ def krea2(h: int = 6, w: int = 7, batch: int = 1, text: int = 5):
     return model, inputs, dict(prefix=text, suffix=0, grid=(h, w))
 
 
+def ernie_image(h: int = 6, w: int = 7, batch: int = 1, text: int = 5):
+    """[image, text]; the text's last token is padding (text_lens), masked."""
+    model = _seed_weights(diffusers.ErnieImageTransformer2DModel(
+        hidden_size=32, num_attention_heads=2, num_layers=2, ffn_hidden_size=32, in_channels=4, out_channels=4,
+        patch_size=1, text_in_dim=32, rope_axes_dim=(4, 6, 6)))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, 4, h, w, generator=g), timestep=torch.full((batch,), 600.0),
+                  text_bth=torch.randn(batch, text, 32, generator=g), text_lens=torch.full((batch,), text - 1))
+    return model, inputs, dict(prefix=0, suffix=text, grid=(h, w))
+
+
 FAMILIES = {"chroma": chroma, "flux2": flux2, "qwen_image": qwen_image, "lumina2": lumina2, "z_image": z_image,
             "ltx_video": ltx_video, "ltx2": ltx2, "wan_vace": wan_vace, "wan_animate": wan_animate,
             "hunyuan_video15": hunyuan_video15, "hunyuan_image": hunyuan_image, "hidream": hidream,
             "kandinsky5": kandinsky5, "cogvideox": cogvideox, "mochi": mochi, "longcat_image": longcat_image,
-            "krea2": krea2}
+            "krea2": krea2, "ernie_image": ernie_image}
 # Self-attentions over the layout per model call, in order: the ones the default range reduces.
 DEFAULT_REDUCED = {"chroma": 3, "flux2": 3, "qwen_image": 2, "lumina2": 2, "z_image": 2, "ltx_video": 2, "ltx2": 2,
                    "wan_vace": 5, "wan_animate": 2,
                    "hunyuan_video15": 2, "hunyuan_image": 3, "hidream": 3, "kandinsky5": 2,
-                   "cogvideox": 2, "mochi": 2, "longcat_image": 3, "krea2": 2}
+                   "cogvideox": 2, "mochi": 2, "longcat_image": 3, "krea2": 2, "ernie_image": 2}
 
 
 def run(model, inputs) -> torch.Tensor:
@@ -449,7 +460,8 @@ def test_ltx2_reduces_the_video_self_attention_only():
                                          ("cogvideox", dict(frames=2, h=10, w=6)),
                                          ("mochi", dict(frames=1, h=10, w=14)),
                                          ("longcat_image", dict(h=5, w=3)),
-                                         ("krea2", dict(h=3, w=9))])
+                                         ("krea2", dict(h=3, w=9)),
+                                         ("ernie_image", dict(h=9, w=5))])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_odd_sizes_and_batches(family, size, batch):
     model, inputs, _ = FAMILIES[family](batch=batch, **size)

@@ -235,6 +235,16 @@ def _sd3_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     return Tokens((hidden.shape[-2] // p, hidden.shape[-1] // p), text=text.shape[1])
 
 
+def _ernie_image_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """ERNIE-Image: latent [B, C, H, W] -> grid (H/p, W/p); [image, text] with the text padded to the batch's
+    longest (padding masked; the mask's key axis is shortened with the keys)."""
+    hidden, text = _arg(call, 0, "hidden_states"), _arg(call, 2, "text_bth")
+    if hidden is None or text is None or hidden.ndim != 4:
+        return None
+    p = model.config.patch_size
+    return Tokens((hidden.shape[-2] // p, hidden.shape[-1] // p), text=text.shape[1])
+
+
 def _hunyuan_video_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Latent [B, C, F, H, W] -> grid (F/pt, H/p, W/p); text last (its padded tokens are masked; the mask's
     key axis is shortened with the keys)."""
@@ -404,6 +414,8 @@ TABLE: Tuple[Family, ...] = (
     # transformer multiplies the timestep by 1000 itself.
     Family("longcat_image", (_TRANSFORMERS + "transformer_longcat_image.LongCatImageTransformer2DModel",), "first",
            _DOUBLE_SINGLE, _longcat_tokens, Timestep(2, "timestep", 1.0)),
+    Family("ernie_image", (_TRANSFORMERS + "transformer_ernie_image.ErnieImageTransformer2DModel",), "last",
+           (BlockList("layers", (("self_attention", "joint"),)),), _ernie_image_tokens, Timestep(1, "timestep", 1000.0)),
     # Krea 2: single-stream [text, image] blocks after a text-fusion stack that sees the text alone (not hooked).
     Family("krea2", (_TRANSFORMERS + "transformer_krea2.Krea2Transformer2DModel",), "first",
            (BlockList("transformer_blocks", (("attn", "joint"),)),), _krea2_tokens, Timestep(2, "timestep", 1.0)),
