@@ -306,16 +306,32 @@ def ernie_image(h: int = 6, w: int = 7, batch: int = 1, text: int = 5):
     return model, inputs, dict(prefix=0, suffix=text, grid=(h, w))
 
 
+def ideogram4(h: int = 6, w: int = 7, batch: int = 1, text: int = 5):
+    """Packed [left padding, text, image] rows built by Ideogram4Pipeline._prepare_ids (the first sample's text one
+    token shorter: one padding token); rising model time."""
+    model = _seed_weights(diffusers.Ideogram4Transformer2DModel(
+        in_channels=4, num_layers=2, attention_head_dim=32, num_attention_heads=2, intermediate_size=32, adaln_dim=16,
+        llm_features_dim=32, mrope_section=(4, 2, 2)))
+    g = torch.Generator().manual_seed(1)
+    lengths = [text - 1] + [text] * (batch - 1)
+    position_ids, segment_ids, indicator = diffusers.Ideogram4Pipeline._prepare_ids(lengths, h, w, text, "cpu")
+    n = text + h * w
+    inputs = dict(hidden_states=torch.randn(batch, n, 4, generator=g), timestep=torch.full((batch,), 0.4),
+                  encoder_hidden_states=torch.randn(batch, n, 32, generator=g), position_ids=position_ids,
+                  segment_ids=segment_ids, indicator=indicator)
+    return model, inputs, dict(prefix=text, suffix=0, grid=(h, w))
+
+
 FAMILIES = {"chroma": chroma, "flux2": flux2, "qwen_image": qwen_image, "lumina2": lumina2, "z_image": z_image,
             "ltx_video": ltx_video, "ltx2": ltx2, "wan_vace": wan_vace, "wan_animate": wan_animate,
             "hunyuan_video15": hunyuan_video15, "hunyuan_image": hunyuan_image, "hidream": hidream,
             "kandinsky5": kandinsky5, "cogvideox": cogvideox, "mochi": mochi, "longcat_image": longcat_image,
-            "krea2": krea2, "ernie_image": ernie_image}
+            "krea2": krea2, "ernie_image": ernie_image, "ideogram4": ideogram4}
 # Self-attentions over the layout per model call, in order: the ones the default range reduces.
 DEFAULT_REDUCED = {"chroma": 3, "flux2": 3, "qwen_image": 2, "lumina2": 2, "z_image": 2, "ltx_video": 2, "ltx2": 2,
                    "wan_vace": 5, "wan_animate": 2,
                    "hunyuan_video15": 2, "hunyuan_image": 3, "hidream": 3, "kandinsky5": 2,
-                   "cogvideox": 2, "mochi": 2, "longcat_image": 3, "krea2": 2, "ernie_image": 2}
+                   "cogvideox": 2, "mochi": 2, "longcat_image": 3, "krea2": 2, "ernie_image": 2, "ideogram4": 2}
 
 
 def run(model, inputs) -> torch.Tensor:
@@ -461,7 +477,8 @@ def test_ltx2_reduces_the_video_self_attention_only():
                                          ("mochi", dict(frames=1, h=10, w=14)),
                                          ("longcat_image", dict(h=5, w=3)),
                                          ("krea2", dict(h=3, w=9)),
-                                         ("ernie_image", dict(h=9, w=5))])
+                                         ("ernie_image", dict(h=9, w=5)),
+                                         ("ideogram4", dict(h=5, w=3))])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_odd_sizes_and_batches(family, size, batch):
     model, inputs, _ = FAMILIES[family](batch=batch, **size)

@@ -208,6 +208,25 @@ def _krea2_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     return None if grid is None else Tokens(grid, text=text.shape[1])
 
 
+_IDEOGRAM4_IMAGE = 2  # diffusers' transformer_ideogram4.OUTPUT_IMAGE_INDICATOR
+
+
+def _ideogram4_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """Ideogram 4: packed rows [left padding, text, image] tagged by ``indicator``; the grid is the image block
+    (one place in every row, contiguous, a raster in ``position_ids``); everything before it keeps every key."""
+    hidden, ids, indicator = _arg(call, 0, "hidden_states"), _arg(call, 3, "position_ids"), _arg(call, 5, "indicator")
+    if hidden is None or ids is None or indicator is None or indicator.ndim != 2 or ids.ndim != 3:
+        return None
+    image = indicator == _IDEOGRAM4_IMAGE
+    where = image[0].nonzero().flatten().tolist()
+    if not where or not bool((image == image[0]).all()) or where[-1] - where[0] + 1 != len(where):
+        return None
+    start, count = where[0], len(where)
+    pos = ids[0, start:start + count].detach().to("cpu", torch.float64)
+    grid = _raster(pos - pos[0], 1, 2, (0,))
+    return None if grid is None else Tokens(grid, text=start, after=hidden.shape[1] - start - count)
+
+
 def _qwen_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Qwen-Image: ``img_shapes`` [(frames, h, w), *references] per sample; [text, image, references]:
     the first shape is the grid, the edit models' reference images after it keep every key."""
@@ -416,6 +435,10 @@ TABLE: Tuple[Family, ...] = (
            _DOUBLE_SINGLE, _longcat_tokens, Timestep(2, "timestep", 1.0)),
     Family("ernie_image", (_TRANSFORMERS + "transformer_ernie_image.ErnieImageTransformer2DModel",), "last",
            (BlockList("layers", (("self_attention", "joint"),)),), _ernie_image_tokens, Timestep(1, "timestep", 1000.0)),
+    # Ideogram 4: its model time rises 0 (noise) -> 1 (clean).
+    Family("ideogram4", (_TRANSFORMERS + "transformer_ideogram4.Ideogram4Transformer2DModel",), "first",
+           (BlockList("layers", (("attention", "joint"),)),), _ideogram4_tokens,
+           Timestep(1, "timestep", 1.0, rising=True)),
     # Krea 2: single-stream [text, image] blocks after a text-fusion stack that sees the text alone (not hooked).
     Family("krea2", (_TRANSFORMERS + "transformer_krea2.Krea2Transformer2DModel",), "first",
            (BlockList("transformer_blocks", (("attn", "joint"),)),), _krea2_tokens, Timestep(2, "timestep", 1.0)),
