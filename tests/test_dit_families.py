@@ -322,16 +322,30 @@ def ideogram4(h: int = 6, w: int = 7, batch: int = 1, text: int = 5):
     return model, inputs, dict(prefix=text, suffix=0, grid=(h, w))
 
 
+def joyimage(h: int = 6, w: int = 10, batch: int = 1, text: int = 5, refs: bool = False):
+    """[image, text]; with ``refs`` a [B, 2, C, 1, H, W] input: the model moves the target (last item) first and
+    the reference image's 3 x 5 tokens follow the grid."""
+    model = _seed_weights(diffusers.JoyImageEditTransformer3DModel(
+        patch_size=[1, 2, 2], in_channels=4, hidden_size=32, num_attention_heads=2, text_dim=32, mlp_width_ratio=2.0,
+        num_layers=2, rope_dim_list=[4, 6, 6]))
+    g = torch.Generator().manual_seed(1)
+    shape = (batch, 2, 4, 1, h, w) if refs else (batch, 4, 1, h, w)
+    inputs = dict(hidden_states=torch.randn(*shape, generator=g), timestep=torch.full((batch,), 600.0),
+                  encoder_hidden_states=torch.randn(batch, text, 32, generator=g))
+    return model, inputs, dict(prefix=0, suffix=text + (h // 2) * (w // 2) * refs, grid=(h // 2, w // 2))
+
+
 FAMILIES = {"chroma": chroma, "flux2": flux2, "qwen_image": qwen_image, "lumina2": lumina2, "z_image": z_image,
             "ltx_video": ltx_video, "ltx2": ltx2, "wan_vace": wan_vace, "wan_animate": wan_animate,
             "hunyuan_video15": hunyuan_video15, "hunyuan_image": hunyuan_image, "hidream": hidream,
             "kandinsky5": kandinsky5, "cogvideox": cogvideox, "mochi": mochi, "longcat_image": longcat_image,
-            "krea2": krea2, "ernie_image": ernie_image, "ideogram4": ideogram4}
+            "krea2": krea2, "ernie_image": ernie_image, "ideogram4": ideogram4,
+            "joyimage": joyimage}
 # Self-attentions over the layout per model call, in order: the ones the default range reduces.
 DEFAULT_REDUCED = {"chroma": 3, "flux2": 3, "qwen_image": 2, "lumina2": 2, "z_image": 2, "ltx_video": 2, "ltx2": 2,
                    "wan_vace": 5, "wan_animate": 2,
                    "hunyuan_video15": 2, "hunyuan_image": 3, "hidream": 3, "kandinsky5": 2,
-                   "cogvideox": 2, "mochi": 2, "longcat_image": 3, "krea2": 2, "ernie_image": 2, "ideogram4": 2}
+                   "cogvideox": 2, "mochi": 2, "longcat_image": 3, "krea2": 2, "ernie_image": 2, "ideogram4": 2, "joyimage": 2}
 
 
 def run(model, inputs) -> torch.Tensor:
@@ -426,13 +440,13 @@ def test_queries_text_and_non_grid_tokens_keep_every_key(family):
     _check_kept(family, vanilla, patched, where)
 
 
-@pytest.mark.parametrize("family", ["flux2", "qwen_image", "longcat_image"])
+@pytest.mark.parametrize("family", ["flux2", "qwen_image", "longcat_image", "joyimage"])
 def test_reference_image_tokens_after_the_grid_keep_every_key(family):
     """Flux.2's reference images (ids with t = 10), Qwen-Image-Edit's (img_shapes after the first) and
-    LongCat-Image-Edit's (ids of modality 2) follow the grid: the grid is reduced, every reference key/value
-    is kept."""
+    LongCat-Image-Edit's (ids of modality 2) and JoyImage Edit's (items after the target) follow the grid: the
+    grid is reduced, every reference key/value is kept."""
     model, inputs, where = FAMILIES[family](refs=True)
-    assert where["suffix"] == 12
+    assert where["suffix"] == (5 + 15 if family == "joyimage" else 12)
     _, vanilla = spied(model, inputs)
     apply_patch(model, ratio=0.5, mode="kv", seed=4)
     _, patched = spied(model, inputs)
@@ -478,7 +492,8 @@ def test_ltx2_reduces_the_video_self_attention_only():
                                          ("longcat_image", dict(h=5, w=3)),
                                          ("krea2", dict(h=3, w=9)),
                                          ("ernie_image", dict(h=9, w=5)),
-                                         ("ideogram4", dict(h=5, w=3))])
+                                         ("ideogram4", dict(h=5, w=3)),
+                                         ("joyimage", dict(h=10, w=6))])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_odd_sizes_and_batches(family, size, batch):
     model, inputs, _ = FAMILIES[family](batch=batch, **size)

@@ -264,6 +264,22 @@ def _ernie_image_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     return Tokens((hidden.shape[-2] // p, hidden.shape[-1] // p), text=text.shape[1])
 
 
+def _joyimage_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """JoyImage Edit: latent [B, C, F, H, W], or [B, items, C, F, H, W] with the target (the last item, which the
+    model moves first) followed by the reference items as more frames: the target's frames are the grid, the
+    references after it keep every key; [image, text]."""
+    hidden, text = _arg(call, 0, "hidden_states"), _arg(call, 2, "encoder_hidden_states")
+    if hidden is None or text is None or hidden.ndim not in (5, 6):
+        return None
+    pt, ph, pw = model.patch_size
+    items = hidden.shape[1] if hidden.ndim == 6 else 1
+    if items > 1 and pt != 1:
+        return None
+    frames, h, w = hidden.shape[-3:]
+    grid = (frames // pt, h // ph, w // pw)
+    return Tokens(_squeeze_frames(grid), text=text.shape[1], after=(items - 1) * math.prod(grid))
+
+
 def _hunyuan_video_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Latent [B, C, F, H, W] -> grid (F/pt, H/p, W/p); text last (its padded tokens are masked; the mask's
     key axis is shortened with the keys)."""
@@ -439,6 +455,8 @@ TABLE: Tuple[Family, ...] = (
     Family("ideogram4", (_TRANSFORMERS + "transformer_ideogram4.Ideogram4Transformer2DModel",), "first",
            (BlockList("layers", (("attention", "joint"),)),), _ideogram4_tokens,
            Timestep(1, "timestep", 1.0, rising=True)),
+    Family("joyimage", (_TRANSFORMERS + "transformer_joyimage.JoyImageEditTransformer3DModel",), "last",
+           (BlockList("double_blocks", (("attn", "joint"),)),), _joyimage_tokens, Timestep(1, "timestep", 1000.0)),
     # Krea 2: single-stream [text, image] blocks after a text-fusion stack that sees the text alone (not hooked).
     Family("krea2", (_TRANSFORMERS + "transformer_krea2.Krea2Transformer2DModel",), "first",
            (BlockList("transformer_blocks", (("attn", "joint"),)),), _krea2_tokens, Timestep(2, "timestep", 1.0)),
