@@ -237,6 +237,37 @@ def test_queries_text_and_non_grid_tokens_keep_every_key(comfy, family):
     _check_kept(vanilla, patched, where, 2 if family == "flux2" else reduced)
 
 
+def _seeded_patcher(comfy, model):
+    """A ModelPatcher of ``model`` with every diffusion-model weight seeded (ComfyUI's ops skip weight init)."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.diffusion_model.parameters():
+            fan_in = p.shape[-1] if p.dim() >= 2 else 16
+            p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+    cpu = torch.device("cpu")
+    return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
+
+
+@pytest.mark.parametrize("family", ["chroma", "chroma_radiance", "hidream", "wan_phantom", "wan_humo", "wan_animate"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_of_three_and_bf16(comfy, family, dtype):
+    """Odd-sized latents in a batch of 3 (conditioning repeated by ComfyUI), the model in float32 or bf16: ratio 0
+    is the unpatched output bit for bit, 0.5 changes it and stays finite, the input MODEL is untouched."""
+    patcher, latent, cond, _, _ = FAMILIES[family](comfy)
+    if dtype != torch.float32:  # as ComfyUI loads a bf16 checkpoint: its operations built for that dtype
+        config = patcher.model.model_config
+        config.set_inference_dtype(dtype, None)
+        patcher = _seeded_patcher(comfy, config.get_model({}))
+        assert patcher.model.get_dtype() == dtype
+    latent = latent.expand(3, *latent.shape[1:]).clone()
+    expected = sample(comfy, patcher, latent, cond, steps=1)
+    assert torch.equal(sample(comfy, patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.0, mode="kv")), latent, cond,
+                              steps=1), expected)
+    changed = sample(comfy, patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv")), latent, cond, steps=1)
+    assert changed.shape == expected.shape and torch.isfinite(changed).all() and not torch.equal(changed, expected)
+    assert torch.equal(sample(comfy, patcher, latent, cond, steps=1), expected)
+
+
 def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
     patcher, latent, cond, where, reduced = qwen_image(comfy, refs=True)
     vanilla = _spied(comfy, patcher, latent, cond)
