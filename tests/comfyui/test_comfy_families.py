@@ -10,6 +10,7 @@ naming the class.
 from __future__ import annotations
 
 import importlib
+import types
 
 import pytest
 import torch
@@ -165,10 +166,44 @@ def hidream(comfy, image_cond: bool = False):
     return patcher, torch.zeros(1, 16, 10, 13), _cond(5, 32, **extra), dict(prefix=0, grid=35, suffix=13), 3
 
 
+def _hunyuan(comfy, config_cls, **config):
+    params = importlib.import_module("comfy.ldm.hunyuan_video.model").HunyuanVideoParams
+    if "vision_in_dim" not in getattr(params, "__dataclass_fields__", {}):
+        pytest.skip("this ComfyUI's HunyuanVideoParams has no HunyuanVideo 1.5 / HunyuanImage 2.1 parameters")
+    return _patcher(comfy, config_cls, dict(dict(
+        image_model="hunyuan_video", in_channels=16, out_channels=16, vec_in_dim=None, context_in_dim=32,
+        hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=1, theta=256, qkv_bias=True,
+        guidance_embed=False, byt5=True, meanflow=False, use_cond_type_embedding=False, vision_in_dim=None), **config))
+
+
+def hunyuan_video15(comfy):
+    """HunyuanVideo 1.5 through ComfyUI's HunyuanVideo class with its own parameters (patch 1, byT5, cond-type
+    embedding, vision tokens; image + mask channels concatenated): [video, byT5 + text + vision tokens]."""
+    config_cls = _require("comfy.supported_models", "HunyuanVideo15")
+    patcher = _hunyuan(comfy, config_cls, in_channels=33, patch_size=[1, 1, 1], axes_dim=[4, 6, 6],
+                       use_cond_type_embedding=True, vision_in_dim=32)
+    g = torch.Generator().manual_seed(5)
+    vision = types.SimpleNamespace(last_hidden_state=torch.randn(1, 3, 32, generator=g))
+    cond = _cond(7, 32, conditioning_byt5small=torch.randn(1, 4, 1472, generator=g), clip_vision_output=vision,
+                 pooled_output=torch.zeros(1, 32))  # model_base.HunyuanVideo asks for it; vec_in_dim None ignores it
+    return patcher, torch.zeros(1, 16, 3, 6, 5), cond, dict(prefix=0, grid=90, suffix=0), 2
+
+
+def hunyuan_image21(comfy):
+    """HunyuanImage 2.1 through the HunyuanVideo class: a 2-d patch on a [B, C, H, W] latent, byT5 tokens."""
+    config_cls = _require("comfy.supported_models", "HunyuanImage21")
+    patcher = _hunyuan(comfy, config_cls, patch_size=[1, 1], axes_dim=[8, 8])
+    g = torch.Generator().manual_seed(5)
+    return patcher, torch.zeros(1, 16, 5, 7), _cond(7, 32, conditioning_byt5small=torch.randn(1, 4, 1472, generator=g)), \
+        dict(prefix=0, grid=35, suffix=0), 2
+
+
 FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance, "qwen_image": qwen_image,
             "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
-            "wan_animate": wan_animate, "hidream": hidream}
-TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma", "wan_phantom": "wan"}
+            "wan_animate": wan_animate, "hidream": hidream, "hunyuan_video15": hunyuan_video15,
+            "hunyuan_image21": hunyuan_image21}
+TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma", "wan_phantom": "wan",
+              "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video"}
 
 
 def _seq(call) -> int:
@@ -266,6 +301,16 @@ def test_batch_of_three_and_bf16(comfy, family, dtype):
     changed = sample(comfy, patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv")), latent, cond, steps=1)
     assert changed.shape == expected.shape and torch.isfinite(changed).all() and not torch.equal(changed, expected)
     assert torch.equal(sample(comfy, patcher, latent, cond, steps=1), expected)
+
+
+def test_hunyuan_video15_byt5_and_vision_tokens_keep_every_key(comfy):
+    """HunyuanVideo 1.5's joint attention is [video 90, byT5 4 + text 7 + vision 3]: the 14 tokens the model adds
+    after the grid keep every key, the video's keys are reduced."""
+    patcher, latent, cond, where, reduced = hunyuan_video15(comfy)
+    vanilla = _spied(comfy, patcher, latent, cond)
+    assert max(a[1].shape[_seq(a)] for a in vanilla) == where["grid"] + 4 + 7 + 3
+    patched = _spied(comfy, patcher, latent, cond, ToMeConfig(ratio=0.5, mode="kv", seed=3))
+    _check_kept(vanilla, patched, where, reduced)
 
 
 def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
