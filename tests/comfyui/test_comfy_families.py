@@ -48,14 +48,17 @@ def flux2(comfy):
         dict(prefix=512, grid=35, suffix=0), 3
 
 
-def _chroma_config(**config) -> dict:
+def _chroma_config(params: str = "comfy.ldm.chroma.model.ChromaParams", **config) -> dict:
     """Chroma's approximator turns 344 inputs of 64 features (16 timestep + 16 guidance + 32 index channels,
     fixed in forward_orig) into one modulation vector each, of the model width: in_dim is 64, out_dim the
-    hidden size, whatever the model's size (model_detection sets 64 and 3072)."""
-    return dict(dict(
+    hidden size, whatever the model's size (model_detection sets 64 and 3072). Newer ComfyUIs' params also
+    want the keys their model_detection sets for a Chroma checkpoint (no vector_in, zero text ids)."""
+    module, name = params.rsplit(".", 1)
+    return _as_detected(getattr(importlib.import_module(module), name), dict(dict(
         image_model="chroma", in_channels=64, out_channels=64, patch_size=2, context_in_dim=32, hidden_size=32,
         mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000, qkv_bias=True,
-        in_dim=64, out_dim=32, hidden_dim=32, n_layers=1), **config)
+        in_dim=64, out_dim=32, hidden_dim=32, n_layers=1), **config),
+        txt_ids_dims=[], vec_in_dim=None, use_x0=False, use_sequential_txt_ids=False)
 
 
 def chroma(comfy):
@@ -69,7 +72,7 @@ def chroma_radiance(comfy):
     """Pixel space: a [B, 3, H, W] image, patched by a conv (patch 4 here, 16 in the released model)."""
     _require("comfy.ldm.chroma_radiance.model", "ChromaRadiance")
     patcher = _patcher(comfy, comfy.supported_models.ChromaRadiance, _chroma_config(
-        image_model="chroma_radiance", in_channels=3, out_channels=3, patch_size=4, nerf_hidden_size=16,
+        "comfy.ldm.chroma_radiance.model.ChromaRadianceParams", image_model="chroma_radiance", in_channels=3, out_channels=3, patch_size=4, nerf_hidden_size=16,
         nerf_mlp_ratio=2, nerf_depth=1, nerf_max_freqs=4, nerf_tile_size=512, nerf_final_head_type="linear",
         nerf_embedder_dtype=torch.float32))
     return patcher, torch.zeros(1, 3, 20, 26), _cond(5, 32, pooled_output=torch.zeros(1, 32)), \
@@ -170,10 +173,11 @@ def _hunyuan(comfy, config_cls, **config):
     params = importlib.import_module("comfy.ldm.hunyuan_video.model").HunyuanVideoParams
     if "vision_in_dim" not in getattr(params, "__dataclass_fields__", {}):
         pytest.skip("this ComfyUI's HunyuanVideoParams has no HunyuanVideo 1.5 / HunyuanImage 2.1 parameters")
-    return _patcher(comfy, config_cls, dict(dict(
+    return _patcher(comfy, config_cls, _as_detected(params, dict(dict(
         image_model="hunyuan_video", in_channels=16, out_channels=16, vec_in_dim=None, context_in_dim=32,
         hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=1, theta=256, qkv_bias=True,
-        guidance_embed=False, byt5=True, meanflow=False, use_cond_type_embedding=False, vision_in_dim=None), **config))
+        guidance_embed=False, byt5=True, meanflow=False, use_cond_type_embedding=False, vision_in_dim=None), **config),
+        meanflow_sum=False))
 
 
 def hunyuan_video15(comfy):
