@@ -202,10 +202,26 @@ def hunyuan_image21(comfy):
         dict(prefix=0, grid=35, suffix=0), 2
 
 
+def kandinsky5(comfy, image_to_video: bool = False):
+    """Kandinsky 5 (ComfyUIs from 2026): text blocks, then visual blocks whose self-attention sees the grid alone.
+    With ``image_to_video`` time_dim_replace writes a conditioning latent over the first frame: kept whole."""
+    config_cls = _require("comfy.supported_models", "Kandinsky5")
+    patcher = _patcher(comfy, config_cls, dict(
+        image_model="kandinsky5", in_visual_dim=16, out_visual_dim=16, in_text_dim=32, in_text_dim2=32, time_dim=32,
+        model_dim=32, ff_dim=32, visual_embed_dim=(16 + 16 + 1) * 4, patch_size=(1, 2, 2), num_text_blocks=1,
+        num_visual_blocks=2, axes_dims=(4, 6, 6)))
+    g = torch.Generator().manual_seed(5)
+    extra = dict(pooled_output=torch.randn(1, 32, generator=g))
+    if image_to_video:
+        extra["time_dim_replace"] = torch.randn(1, 16, 1, 6, 10, generator=g)
+    return patcher, torch.zeros(1, 16, 3, 6, 10), _cond(7, 32, **extra), \
+        dict(prefix=15 if image_to_video else 0, grid=30 if image_to_video else 45, suffix=0), 2
+
+
 FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance, "qwen_image": qwen_image,
             "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
             "wan_animate": wan_animate, "hidream": hidream, "hunyuan_video15": hunyuan_video15,
-            "hunyuan_image21": hunyuan_image21}
+            "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5}
 TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma", "wan_phantom": "wan",
               "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video"}
 
@@ -317,6 +333,15 @@ def test_hunyuan_video15_byt5_and_vision_tokens_keep_every_key(comfy):
     _check_kept(vanilla, patched, where, reduced)
 
 
+def test_kandinsky5_image_to_video_first_frame_keeps_every_key(comfy):
+    """Kandinsky 5 image-to-video writes the image latent over the first frame (time_dim_replace): that frame's
+    15 tokens keep every key, the other two frames are reduced."""
+    patcher, latent, cond, where, reduced = kandinsky5(comfy, image_to_video=True)
+    vanilla = _spied(comfy, patcher, latent, cond)
+    patched = _spied(comfy, patcher, latent, cond, ToMeConfig(ratio=0.5, mode="kv", seed=3))
+    _check_kept(vanilla, patched, where, reduced)
+
+
 def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
     patcher, latent, cond, where, reduced = qwen_image(comfy, refs=True)
     vanilla = _spied(comfy, patcher, latent, cond)
@@ -325,7 +350,7 @@ def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
     _check_kept(vanilla, patched, where, reduced)
 
 
-@pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv", "hidream"])
+@pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv", "hidream", "kandinsky5"])
 def test_block_range_reduces_the_second_half(comfy, family):
     patcher, latent, cond, where, reduced = FAMILIES[family](comfy)
     vanilla = _spied(comfy, patcher, latent, cond)

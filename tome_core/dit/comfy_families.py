@@ -63,6 +63,8 @@ class ComfyFamily:
         keyframe_idxs: guide frames appended to the latent), kept whole.
     appended: latents of the call's keywords that the model patches and puts beside the grid, kept whole.
     reference_frames: leading latent frames that are a reference image, not video (Wan Animate), kept whole.
+    replaced_frames: keyword of the call whose latent the model writes over the grid's leading frames
+        (Kandinsky 5's time_dim_replace: image-to-video's first frame): those frames are kept whole.
     text_tokens: for text "last" without block reports, (keyword, token axis, times) of the call's text inputs
         that make the whole text after the grid ("c_crossattn": the context), so the joint attention is told
         apart by its length (HiDream: T5 + twice the Llama tokens).
@@ -79,6 +81,7 @@ class ComfyFamily:
     conditioning: Optional[str] = None
     appended: Tuple[Appended, ...] = ()
     reference_frames: int = 0
+    replaced_frames: Optional[str] = None
     text_tokens: Tuple[Tuple[str, int, int], ...] = ()
 
 
@@ -127,6 +130,10 @@ TABLE: Tuple[ComfyFamily, ...] = (
     ComfyFamily("hidream", ("comfy.ldm.hidream.model.HiDreamImageTransformer2DModel",), "last",
                 (ComfyBlocks("double_stream_blocks", "double"), ComfyBlocks("single_stream_blocks", "single")),
                 text_tokens=(("c_crossattn", 1, 1), ("encoder_hidden_states_llama3", 2, 2))),
+    # Kandinsky 5 (2026-08 ComfyUIs): text blocks over the text alone, then visual blocks (self-attention over
+    # the grid, counted; cross-attention to the text).
+    ComfyFamily("kandinsky5", ("comfy.ldm.kandinsky5.model.Kandinsky5",), "separate",
+                (ComfyBlocks("visual_transformer_blocks", "visual"),), replaced_frames="time_dim_replace"),
     ComfyFamily("ltxv", ("comfy.ldm.lightricks.model.LTXVModel",), "separate",
                 (ComfyBlocks("transformer_blocks", "transformer"),), patch="patchifier.patch_size",
                 conditioning="keyframe_idxs"),
@@ -149,7 +156,7 @@ def family_of(diffusion_model: Any) -> Optional[ComfyFamily]:
 
 def supported_names() -> str:
     return "Flux.1/Flux.2/Kontext, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), Wan 2.x " \
-           "(WanModel, VACE, Camera, HuMo, Animate), HiDream I1, HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
+           "(WanModel, VACE, Camera, HuMo, Animate), HiDream I1, Kandinsky 5, HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
 
 
 def _attr_path(obj: Any, path: str) -> Any:
@@ -214,8 +221,12 @@ def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.
         guide = extra.get(entry.conditioning) if entry.conditioning else None
         if not isinstance(guide, torch.Tensor):
             appended = _appended(diffusion_model, entry, extra)
-            frames = entry.reference_frames
-            if appended is None or frames and (len(grid) != 3 or grid[0] <= frames):
+            replaced = extra.get(entry.replaced_frames) if entry.replaced_frames else None
+            replaced = token_grid(diffusion_model, replaced) if isinstance(replaced, torch.Tensor) else ()
+            if appended is None or replaced is None or replaced and len(replaced) != 3:
+                return None
+            frames = entry.reference_frames + (replaced[0] if replaced else 0)
+            if frames and (len(grid) != 3 or grid[0] <= frames):
                 return None
             before = appended[0] + frames * math.prod(grid[1:])
             return TokenLayout((grid[0] - frames,) + grid[1:] if frames else grid, prefix=before, suffix=appended[1])
