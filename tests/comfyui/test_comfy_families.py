@@ -48,6 +48,18 @@ def flux2(comfy):
         dict(prefix=512, grid=35, suffix=0), 3
 
 
+def longcat_image(comfy):
+    """LongCat-Image: ComfyUIs from 2026 run it through the Flux class (no vector_in, no guidance, text ids on two
+    axes, RoPE shifted past the text); [text, image], Flux's default range (its single blocks)."""
+    config_cls = _require("comfy.supported_models", "LongCatImage")
+    params = importlib.import_module("comfy.ldm.flux.model").FluxParams
+    patcher = _patcher(comfy, config_cls, _as_detected(params, dict(
+        image_model="flux", in_channels=16, patch_size=2, out_channels=16, vec_in_dim=None, context_in_dim=32,
+        hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000,
+        qkv_bias=True, guidance_embed=False), txt_ids_dims=[1, 2]))
+    return patcher, torch.zeros(1, 16, 10, 13), _cond(5, 32), dict(prefix=5, grid=35, suffix=0), 2
+
+
 def _chroma_config(params: str = "comfy.ldm.chroma.model.ChromaParams", **config) -> dict:
     """Chroma's approximator turns 344 inputs of 64 features (16 timestep + 16 guidance + 32 index channels,
     fixed in forward_orig) into one modulation vector each, of the model width: in_dim is 64, out_dim the
@@ -221,9 +233,9 @@ def kandinsky5(comfy, image_to_video: bool = False):
 FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance, "qwen_image": qwen_image,
             "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
             "wan_animate": wan_animate, "hidream": hidream, "hunyuan_video15": hunyuan_video15,
-            "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5}
+            "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5, "longcat_image": longcat_image}
 TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma", "wan_phantom": "wan",
-              "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video"}
+              "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video", "longcat_image": "flux"}
 
 
 def _seq(call) -> int:
