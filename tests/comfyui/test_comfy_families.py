@@ -60,6 +60,20 @@ def longcat_image(comfy):
     return patcher, torch.zeros(1, 16, 10, 13), _cond(5, 32), dict(prefix=5, grid=35, suffix=0), 2
 
 
+def krea2(comfy, refs: bool = False):
+    """Krea 2 (ComfyUIs from 2026): [text 5, image 35] single-stream blocks after a text-fusion stack; its context
+    packs 2 text-encoder layers per token. With ``refs`` a reference latent's 3 x 4 tokens follow the grid."""
+    config_cls = _require("comfy.supported_models", "Krea2")
+    patcher = _patcher(comfy, config_cls, dict(
+        image_model="krea2", features=32, tdim=16, txtdim=16, heads=2, kvheads=1, multiplier=2, layers=2, patch=2,
+        channels=16, txtlayers=2, txtheads=2, txtkvheads=2))
+    extra = {}
+    if refs:
+        extra = dict(reference_latents=[torch.randn(1, 16, 1, 6, 8, generator=torch.Generator().manual_seed(5))],
+                     reference_latents_method="index")
+    return patcher, torch.zeros(1, 16, 1, 10, 13), _cond(5, 32, **extra), dict(prefix=5, grid=35, suffix=0), 2
+
+
 def _chroma_config(params: str = "comfy.ldm.chroma.model.ChromaParams", **config) -> dict:
     """Chroma's approximator turns 344 inputs of 64 features (16 timestep + 16 guidance + 32 index channels,
     fixed in forward_orig) into one modulation vector each, of the model width: in_dim is 64, out_dim the
@@ -233,7 +247,8 @@ def kandinsky5(comfy, image_to_video: bool = False):
 FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance, "qwen_image": qwen_image,
             "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
             "wan_animate": wan_animate, "hidream": hidream, "hunyuan_video15": hunyuan_video15,
-            "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5, "longcat_image": longcat_image}
+            "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5, "longcat_image": longcat_image,
+            "krea2": krea2}
 TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma", "wan_phantom": "wan",
               "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video", "longcat_image": "flux"}
 
@@ -350,6 +365,14 @@ def test_kandinsky5_image_to_video_first_frame_keeps_every_key(comfy):
     15 tokens keep every key, the other two frames are reduced."""
     patcher, latent, cond, where, reduced = kandinsky5(comfy, image_to_video=True)
     vanilla = _spied(comfy, patcher, latent, cond)
+    patched = _spied(comfy, patcher, latent, cond, ToMeConfig(ratio=0.5, mode="kv", seed=3))
+    _check_kept(vanilla, patched, where, reduced)
+
+
+def test_krea2_reference_tokens_keep_every_key(comfy):
+    patcher, latent, cond, where, reduced = krea2(comfy, refs=True)
+    vanilla = _spied(comfy, patcher, latent, cond)
+    assert max(a[1].shape[_seq(a)] for a in vanilla) == where["prefix"] + where["grid"] + 12
     patched = _spied(comfy, patcher, latent, cond, ToMeConfig(ratio=0.5, mode="kv", seed=3))
     _check_kept(vanilla, patched, where, reduced)
 

@@ -99,6 +99,10 @@ TABLE: Tuple[ComfyFamily, ...] = (
     # [text, image], blocks reported; every block by default (not measured apart, as in diffusers' Chroma).
     ComfyFamily("chroma", ("comfy.ldm.chroma.model.Chroma", "comfy.ldm.chroma_radiance.model.ChromaRadiance"),
                 "first", _DOUBLE_SINGLE, reports_blocks=True),
+    # Krea 2 (2026-08 ComfyUIs): single-stream [text, image, references] blocks, reported; the text-fusion stack
+    # sees the text alone. Its Wan 2.1-format latent [B, C, 1, H, W] is one image.
+    ComfyFamily("krea2", ("comfy.ldm.krea2.model.SingleStreamDiT",), "first", (ComfyBlocks("blocks", "single"),),
+                reports_blocks=True, patch="patch", image_frames=True),
     ComfyFamily("qwen_image", ("comfy.ldm.qwen_image.model.QwenImageTransformer2DModel",), "first",
                 (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, image_frames=True),
     ComfyFamily("sd3", (_DIFFUSIONMODULES + "mmdit.OpenAISignatureMMDITWrapper", _DIFFUSIONMODULES + "mmdit.MMDiT"),
@@ -156,7 +160,7 @@ def family_of(diffusion_model: Any) -> Optional[ComfyFamily]:
 
 def supported_names() -> str:
     return "Flux.1/Flux.2/Kontext, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), Wan 2.x " \
-           "(WanModel, VACE, Camera, HuMo, Animate), HiDream I1, Kandinsky 5, HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
+           "(WanModel, VACE, Camera, HuMo, Animate), HiDream I1, Kandinsky 5, Krea 2, HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
 
 
 def _attr_path(obj: Any, path: str) -> Any:
