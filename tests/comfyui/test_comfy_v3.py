@@ -123,30 +123,18 @@ TWIN_IDS = {"TomeCoreToMe": "TomeTwinV1ToMe", "TomeCoreToMeAdvanced": "TomeTwinV
 
 
 @pytest.fixture(scope="module")
-def twin_server(comfy, tmp_path_factory):
-    """A second server of the same ComfyUI whose custom_nodes also hold a test-only package that
-    registers the repository's V1 classes (nodes/tome_nodes.py ToMe, ToMeAdvanced) under other ids,
-    beside the V3 nodes the repository itself serves there."""
+def twin_server(comfy):
+    """The tests' server, whose test-only node package (tome_test_nodes/v1_twin.py) also registers the
+    repository's V1 classes (nodes/tome_nodes.py ToMe, ToMeAdvanced) under other ids, beside the V3
+    nodes the repository itself serves there."""
     if not host_has_v3():
         pytest.skip("this ComfyUI has no comfy_api: only the V1 registration exists (tested above)")
-    workdir = tmp_path_factory.mktemp("comfyui_twin")
-    twin = workdir / "custom_nodes" / "tome_v1_twin"
-    twin.mkdir(parents=True)
-    (twin / "__init__.py").write_text(textwrap.dedent(f"""
-        import importlib.util, sys
-        spec = importlib.util.spec_from_file_location("tome_v1_twin_repo", {str(comfy_env.REPO / '__init__.py')!r},
-                                                      submodule_search_locations=[{str(comfy_env.REPO)!r}])
-        module = importlib.util.module_from_spec(spec); sys.modules["tome_v1_twin_repo"] = module
-        spec.loader.exec_module(module)
-        from tome_v1_twin_repo.nodes.tome_nodes import ToMe, ToMeAdvanced
-        NODE_CLASS_MAPPINGS = {{{TWIN_IDS['TomeCoreToMe']!r}: ToMe, {TWIN_IDS['TomeCoreToMeAdvanced']!r}: ToMeAdvanced}}
-    """))
-    (workdir / "checkpoints").mkdir()
-    (workdir / "checkpoints" / comfy_env.CHECKPOINT_NAME).symlink_to(
-        (comfy.checkpoint_dir / comfy_env.CHECKPOINT_NAME).resolve())
-    server = comfy_env.ComfyServer(comfy.comfy_dir, workdir)
-    yield server
-    server.stop()
+    return comfy
+
+
+@pytest.fixture(scope="module")
+def plain_image(twin_server):
+    return run_image(twin_server, api_prompt(None, prefix="plain"))
 
 
 @pytest.mark.parametrize("tome", [
@@ -154,14 +142,13 @@ def twin_server(comfy, tmp_path_factory):
     advanced(ratio=0.6, use_rand=False, start_percent=0.0, end_percent=0.8),
     advanced(mode="kv", ratio=0.75, kv_downsample="avg"),
 ], ids=["basic", "advanced-merge", "advanced-kv"])
-def test_v3_node_draws_the_same_image_as_the_v1_node(twin_server, tome):
+def test_v3_node_draws_the_same_image_as_the_v1_node(twin_server, plain_image, tome):
     assert "COMBO" == twin_server.object_info("TomeCoreToMeAdvanced")["input"]["required"]["mode"][0]  # V3
     assert twin_server.object_info(TWIN_IDS["TomeCoreToMeAdvanced"])["input"]["required"]["mode"][0] == \
         ["merge", "kv"]  # V1
     v3 = run_image(twin_server, api_prompt(tome, prefix="v3"))
     v1 = run_image(twin_server, api_prompt(dict(tome, class_type=TWIN_IDS[tome["class_type"]]), prefix="v1"))
-    plain = run_image(twin_server, api_prompt(None, prefix="plain"))
-    assert np.array_equal(v3, v1) and not np.array_equal(v3, plain)
+    assert np.array_equal(v3, v1) and not np.array_equal(v3, plain_image)
 
 
 # -- errors on the input at fault -----------------------------------------------------------------

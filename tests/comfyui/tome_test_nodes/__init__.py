@@ -71,3 +71,7 @@ NODE_CLASS_MAPPINGS = {"TomeTestDiTLoader": TomeTestDiTLoader, "TomeTestModelRep
 from .compose_nodes import NODE_CLASS_MAPPINGS as _COMPOSE_NODES  # noqa: E402
 
 NODE_CLASS_MAPPINGS.update(_COMPOSE_NODES)
+
+from .v1_twin import NODE_CLASS_MAPPINGS as _V1_TWIN_NODES  # noqa: E402
+
+NODE_CLASS_MAPPINGS.update(_V1_TWIN_NODES)
