@@ -74,6 +74,19 @@ def krea2(comfy, refs: bool = False):
     return patcher, torch.zeros(1, 16, 1, 10, 13), _cond(5, 32, **extra), dict(prefix=5, grid=35, suffix=0), 2
 
 
+def joyimage(comfy, refs: bool = False):
+    """JoyImage Edit (ComfyUIs from 2026): [image 15, references, text 5]; its RoPE fixes the head width at 128
+    (unet_extra_config). With ``refs`` a reference latent's 3 x 4 tokens follow the grid."""
+    config_cls = _require("comfy.supported_models", "JoyImage")
+    patcher = _patcher(comfy, config_cls, dict(
+        image_model="joyimage", in_channels=16, out_channels=16, hidden_size=256, num_attention_heads=2, text_dim=32,
+        mlp_width_ratio=1.0, num_layers=2))
+    extra = {}
+    if refs:
+        extra = dict(reference_latents=[torch.randn(1, 16, 1, 6, 8, generator=torch.Generator().manual_seed(5))])
+    return patcher, torch.zeros(1, 16, 1, 6, 10), _cond(5, 32, **extra), dict(prefix=0, grid=15, suffix=0), 2
+
+
 def _chroma_config(params: str = "comfy.ldm.chroma.model.ChromaParams", **config) -> dict:
     """Chroma's approximator turns 344 inputs of 64 features (16 timestep + 16 guidance + 32 index channels,
     fixed in forward_orig) into one modulation vector each, of the model width: in_dim is 64, out_dim the
@@ -248,7 +261,7 @@ FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance
             "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
             "wan_animate": wan_animate, "hidream": hidream, "hunyuan_video15": hunyuan_video15,
             "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5, "longcat_image": longcat_image,
-            "krea2": krea2}
+            "krea2": krea2, "joyimage": joyimage}
 TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma", "wan_phantom": "wan",
               "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video", "longcat_image": "flux"}
 
@@ -369,10 +382,13 @@ def test_kandinsky5_image_to_video_first_frame_keeps_every_key(comfy):
     _check_kept(vanilla, patched, where, reduced)
 
 
-def test_krea2_reference_tokens_keep_every_key(comfy):
-    patcher, latent, cond, where, reduced = krea2(comfy, refs=True)
+@pytest.mark.parametrize("family", ["krea2", "joyimage"])
+def test_reference_latent_tokens_keep_every_key(comfy, family):
+    """Krea 2's and JoyImage Edit's reference latents (3 x 4 tokens) follow the grid: kept whole."""
+    patcher, latent, cond, where, reduced = FAMILIES[family](comfy, refs=True)
     vanilla = _spied(comfy, patcher, latent, cond)
-    assert max(a[1].shape[_seq(a)] for a in vanilla) == where["prefix"] + where["grid"] + 12
+    text_after = 5 if family == "joyimage" else 0  # JoyImage: [image, references, text]
+    assert max(a[1].shape[_seq(a)] for a in vanilla) == where["prefix"] + where["grid"] + 12 + text_after
     patched = _spied(comfy, patcher, latent, cond, ToMeConfig(ratio=0.5, mode="kv", seed=3))
     _check_kept(vanilla, patched, where, reduced)
 
