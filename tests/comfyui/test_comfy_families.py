@@ -87,6 +87,19 @@ def joyimage(comfy, refs: bool = False):
     return patcher, torch.zeros(1, 16, 1, 6, 10), _cond(5, 32, **extra), dict(prefix=0, grid=15, suffix=0), 2
 
 
+def mage_flow(comfy, refs: bool = False):
+    """Mage-Flow (ComfyUIs from 2026): Qwen-Image's blocks, [text 5, image 35, references], patch 1. With ``refs``
+    a 3 x 4 reference latent follows the grid."""
+    config_cls = _require("comfy.supported_models", "MageFlow")
+    patcher = _patcher(comfy, config_cls, dict(
+        image_model="mage_flow", in_channels=16, out_channels=16, num_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6)))
+    extra = {}
+    if refs:
+        extra = dict(reference_latents=[torch.randn(1, 16, 3, 4, generator=torch.Generator().manual_seed(5))])
+    return patcher, torch.zeros(1, 16, 5, 7), _cond(5, 32, **extra), dict(prefix=5, grid=35, suffix=0), 2
+
+
 def _chroma_config(params: str = "comfy.ldm.chroma.model.ChromaParams", **config) -> dict:
     """Chroma's approximator turns 344 inputs of 64 features (16 timestep + 16 guidance + 32 index channels,
     fixed in forward_orig) into one modulation vector each, of the model width: in_dim is 64, out_dim the
@@ -261,7 +274,7 @@ FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance
             "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
             "wan_animate": wan_animate, "hidream": hidream, "hunyuan_video15": hunyuan_video15,
             "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5, "longcat_image": longcat_image,
-            "krea2": krea2, "joyimage": joyimage}
+            "krea2": krea2, "joyimage": joyimage, "mage_flow": mage_flow}
 TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma", "wan_phantom": "wan",
               "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video", "longcat_image": "flux"}
 
@@ -382,9 +395,9 @@ def test_kandinsky5_image_to_video_first_frame_keeps_every_key(comfy):
     _check_kept(vanilla, patched, where, reduced)
 
 
-@pytest.mark.parametrize("family", ["krea2", "joyimage"])
+@pytest.mark.parametrize("family", ["krea2", "joyimage", "mage_flow"])
 def test_reference_latent_tokens_keep_every_key(comfy, family):
-    """Krea 2's and JoyImage Edit's reference latents (3 x 4 tokens) follow the grid: kept whole."""
+    """Krea 2's, JoyImage Edit's and Mage-Flow's reference latents (3 x 4 tokens) follow the grid: kept whole."""
     patcher, latent, cond, where, reduced = FAMILIES[family](comfy, refs=True)
     vanilla = _spied(comfy, patcher, latent, cond)
     text_after = 5 if family == "joyimage" else 0  # JoyImage: [image, references, text]

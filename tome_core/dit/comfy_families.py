@@ -106,6 +106,9 @@ TABLE: Tuple[ComfyFamily, ...] = (
     # JoyImage (Edit) (2026-08 ComfyUIs): [video/image, reference latents, text], blocks reported.
     ComfyFamily("joyimage", ("comfy.ldm.joyimage.model.JoyImageTransformer3DModel",), "last",
                 (ComfyBlocks("double_blocks", "double"),), reports_blocks=True),
+    # Mage-Flow (2026-08 ComfyUIs): Qwen-Image's blocks, [text, image, references], patch 1, blocks reported.
+    ComfyFamily("mage_flow", ("comfy.ldm.mage_flow.model.MageFlowTransformer2DModel",), "first",
+                (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True),
     ComfyFamily("qwen_image", ("comfy.ldm.qwen_image.model.QwenImageTransformer2DModel",), "first",
                 (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, image_frames=True),
     ComfyFamily("sd3", (_DIFFUSIONMODULES + "mmdit.OpenAISignatureMMDITWrapper", _DIFFUSIONMODULES + "mmdit.MMDiT"),
@@ -163,7 +166,7 @@ def family_of(diffusion_model: Any) -> Optional[ComfyFamily]:
 
 def supported_names() -> str:
     return "Flux.1/Flux.2/Kontext, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), Wan 2.x " \
-           "(WanModel, VACE, Camera, HuMo, Animate), HiDream I1, Kandinsky 5, Krea 2, JoyImage, HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
+           "(WanModel, VACE, Camera, HuMo, Animate), HiDream I1, Kandinsky 5, Krea 2, JoyImage, Mage-Flow, HunyuanVideo/1.5, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)"
 
 
 def _attr_path(obj: Any, path: str) -> Any:
