@@ -124,7 +124,8 @@ def chroma_radiance(comfy):
     """Pixel space: a [B, 3, H, W] image, patched by a conv (patch 4 here, 16 in the released model)."""
     _require("comfy.ldm.chroma_radiance.model", "ChromaRadiance")
     patcher = _patcher(comfy, comfy.supported_models.ChromaRadiance, _chroma_config(
-        "comfy.ldm.chroma_radiance.model.ChromaRadianceParams", image_model="chroma_radiance", in_channels=3, out_channels=3, patch_size=4, nerf_hidden_size=16,
+        "comfy.ldm.chroma_radiance.model.ChromaRadianceParams", image_model="chroma_radiance", in_channels=3,
+        out_channels=3, patch_size=4, nerf_hidden_size=16,
         nerf_mlp_ratio=2, nerf_depth=1, nerf_max_freqs=4, nerf_tile_size=512, nerf_final_head_type="linear",
         nerf_embedder_dtype=torch.float32))
     return patcher, torch.zeros(1, 3, 20, 26), _cond(5, 32, pooled_output=torch.zeros(1, 32)), \
