@@ -1,6 +1,6 @@
-"""DiT families (Flux, SD3, Wan, Z-Image, Qwen-Image, LTX-2) in the benchmark: vanilla vs mode "kv" through the runner's rounds
-(:data:`DIT` is their ``family.BenchFamily``; a new DiT family is a ``dit_models`` family plus its
-entry in :data:`DEFAULT_SIZES`).
+"""DiT families (Flux, SD3, Wan, Z-Image, Qwen-Image, LTX-2) in the benchmark: vanilla vs mode "kv"
+through the runner's rounds (:data:`DIT` is their ``family.BenchFamily``; a new DiT family is a
+``dit_models`` family plus its entry in :data:`DEFAULT_SIZES`).
 
 The model is the real diffusers architecture at full width with ``cfg.blocks`` blocks of each kind
 (``dit_models``; ``--tiny``: the tiny test width). Each size runs the runner's own case: a warm-up
