@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from tome_core.bench.models import build_unet, make_inputs
 
@@ -21,6 +23,22 @@ def unet_output(unet, inputs) -> torch.Tensor:
     sample, timestep, context, added = inputs
     with torch.inference_mode():
         return unet(sample, timestep, context, added_cond_kwargs=added).sample
+
+
+class SpyAttention(TorchFunctionMode):
+    """Records the real query/key/value of every scaled_dot_product_attention call, as the kernel gets them."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            names = ("query", "key", "value")
+            bound = dict(zip(names, args), **{k: v for k, v in kwargs.items() if k in names})
+            self.calls.append(tuple(bound[n].clone() for n in names))
+        return func(*args, **kwargs)
 
 
 def hook_count(module: torch.nn.Module) -> int:

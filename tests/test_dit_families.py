@@ -9,12 +9,11 @@ import contextlib
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 diffusers = pytest.importorskip("diffusers")
 
 from tome_core import apply_patch, is_patched, remove_patch  # noqa: E402
+from conftest import SpyAttention  # noqa: E402
 from tome_core.dit.diffusers_dit import STATE_ATTR  # noqa: E402
 from tome_core.dit.families import family_of  # noqa: E402
 
@@ -352,22 +351,6 @@ def run(model, inputs) -> torch.Tensor:
     with torch.inference_mode():
         out = model(**inputs, return_dict=False)[0]
     return torch.stack(out) if isinstance(out, list) else out  # Z-Image returns one tensor per sample
-
-
-class SpyAttention(TorchFunctionMode):
-    """Records the real query/key/value of every scaled_dot_product_attention call, as the kernel gets them."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            names = ("query", "key", "value")
-            bound = dict(zip(names, args), **{k: v for k, v in kwargs.items() if k in names})
-            self.calls.append(tuple(bound[n].clone() for n in names))
-        return func(*args, **kwargs)
 
 
 def spied(model, inputs):

@@ -156,7 +156,12 @@ def qwen_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
 
 def sd3_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """Latent [B, C, H, W] -> grid (H/p, W/p); SD3's joint attention puts its text last."""
-    hidden, text = arg(call, 0, "hidden_states"), arg(call, 1, "encoder_hidden_states")
+    return _patched_image_with_text(model, arg(call, 0, "hidden_states"), arg(call, 1, "encoder_hidden_states"))
+
+
+def _patched_image_with_text(model: torch.nn.Module, hidden: Optional[torch.Tensor],
+                             text: Optional[torch.Tensor]) -> Optional[Tokens]:
+    """An image latent [B, C, H, W] patched by ``config.patch_size`` into a (H/p, W/p) grid, beside text."""
     if hidden is None or text is None or hidden.ndim != 4:
         return None
     p = model.config.patch_size
@@ -166,11 +171,7 @@ def sd3_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
 def ernie_image_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """ERNIE-Image: latent [B, C, H, W] -> grid (H/p, W/p); [image, text] with the text padded to the batch's
     longest (padding masked; the mask's key axis is shortened with the keys)."""
-    hidden, text = arg(call, 0, "hidden_states"), arg(call, 2, "text_bth")
-    if hidden is None or text is None or hidden.ndim != 4:
-        return None
-    p = model.config.patch_size
-    return Tokens((hidden.shape[-2] // p, hidden.shape[-1] // p), text=text.shape[1])
+    return _patched_image_with_text(model, arg(call, 0, "hidden_states"), arg(call, 2, "text_bth"))
 
 
 def joyimage_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
