@@ -10,12 +10,13 @@ naming the class.
 from __future__ import annotations
 
 import importlib
+import inspect
 import types
 
 import pytest
 import torch
 
-from test_comfy_dit import _as_detected, _patcher, comfy, sample, spy_on  # noqa: F401 - comfy is a fixture
+from test_comfy_dit import _as_detected, _patcher, comfy, sample, skip_where_text_comes_first, spy_on  # noqa: F401, E501
 
 from tome_core.config import ToMeConfig
 from tome_core.dit.comfy_dit import dit_family, patch_dit_model_patcher
@@ -222,7 +223,7 @@ def hidream(comfy, image_cond: bool = False):
     return patcher, torch.zeros(1, 16, 10, 13), _cond(5, 32, **extra), dict(prefix=0, grid=35, suffix=13), 3
 
 
-def _hunyuan(comfy, config_cls, **config):
+def _hunyuan_patcher(comfy, config_cls, **config):
     params = importlib.import_module("comfy.ldm.hunyuan_video.model").HunyuanVideoParams
     if "vision_in_dim" not in getattr(params, "__dataclass_fields__", {}):
         pytest.skip("this ComfyUI's HunyuanVideoParams has no HunyuanVideo 1.5 / HunyuanImage 2.1 parameters")
@@ -231,6 +232,10 @@ def _hunyuan(comfy, config_cls, **config):
         hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=1, theta=256, qkv_bias=True,
         guidance_embed=False, byt5=True, meanflow=False, use_cond_type_embedding=False, vision_in_dim=None), **config),
         meanflow_sum=False))
+
+
+def _hunyuan(comfy, config_cls, **config):
+    return skip_where_text_comes_first(_hunyuan_patcher(comfy, config_cls, **config))
 
 
 def hunyuan_video15(comfy):
@@ -449,3 +454,50 @@ def test_auraflow_is_refused_naming_it_not_taken_for_sd3(comfy):
     with pytest.raises(TypeError, match=r"MMDiT is not a DiT .*\(comfy\.ldm\.aura\.mmdit\.MMDiT\)"):
         patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv"))
     assert not patcher.wrappers.get("apply_model")
+
+
+def test_hunyuan_video_is_refused_where_the_host_puts_text_first(comfy, monkeypatch):
+    """ComfyUI 0.13+ dropped DoubleStreamBlock's flipped_img_txt and puts HunyuanVideo's text before the video;
+    the table's [video, text] layout would then reduce text keys. On such a host (simulated here by a
+    DoubleStreamBlock without that parameter; the real one on the 2026-08 ComfyUI) the patch is refused,
+    naming the model and the change, and nothing is patched."""
+    import comfy.ldm.flux.layers as layers
+
+    from tome_core.config import ToMeConfig
+    from tome_core.dit.comfy_dit import patch_dit_model_patcher
+
+    from tome_core.dit.comfy_families import host_refusal
+
+    patcher = _hunyuan_patcher(comfy, _require("comfy.supported_models", "HunyuanVideo15"), in_channels=33,
+                               patch_size=[1, 1, 1], axes_dim=[4, 6, 6], use_cond_type_embedding=True, vision_in_dim=32)
+    text_first = "flipped_img_txt" not in inspect.signature(layers.DoubleStreamBlock.__init__).parameters
+    assert bool(host_refusal(patcher.model.diffusion_model)) == text_first
+    if not text_first:  # ComfyUI 0.3.x: [video, text], accepted
+        assert patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv")) is not patcher
+
+    class TextFirstDoubleStreamBlock(layers.DoubleStreamBlock):
+        def __init__(self, hidden_size, num_heads, mlp_ratio, qkv_bias=False, dtype=None, device=None,
+                     operations=None):
+            super().__init__(hidden_size, num_heads, mlp_ratio, qkv_bias=qkv_bias, dtype=dtype, device=device,
+                             operations=operations)
+
+    monkeypatch.setattr(layers, "DoubleStreamBlock", TextFirstDoubleStreamBlock)
+    wrappers_before = dict(patcher.wrappers)
+    with pytest.raises(TypeError, match=r"HunyuanVideo on this ComfyUI is not supported: ComfyUI 0\.13\+ puts "
+                                        r"HunyuanVideo's text before the video"):
+        patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv"))
+    assert dict(patcher.wrappers) == wrappers_before
+
+
+def test_z_image_calls_with_reference_latents_are_left_whole(comfy):
+    """The 2026 NextDiT (Z-Image Omni / edit) adds reference latents and SigLIP features to the sequence;
+    the table cannot place them, so such a call has no layout (nothing reduced), while a plain call has one."""
+    from tome_core.dit.comfy_families import token_layout
+
+    patcher, latent, cond, where, _ = FAMILIES["z_image"](comfy)
+    model = patcher.model.diffusion_model
+    context = cond[0][0]
+    plain = token_layout(model, latent, context, {})
+    assert plain is not None and plain.grid_tokens == where["grid"]
+    for key in ("ref_latents", "siglip_feats"):
+        assert token_layout(model, latent, context, {key: [torch.zeros(1, 16, 12, 10)]}) is None

@@ -17,7 +17,7 @@ import torch
 
 from ..config import ToMeConfig
 from .comfy_families import FAMILIES, ComfyFamily, block_offsets, default_start, family_of, supported_names, \
-    token_layout
+    token_layout, host_refusal
 from .diffusers_dit import check_config
 from .grid import TokenLayout
 from .kv import dit_window
@@ -234,6 +234,12 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
         raise TypeError(f"ToMe: {name} is not a DiT that ToMe's kv mode can reach in ComfyUI ({module}.{name}); "
                         f"supported: "
                         f"{supported_names()}. UNet models (SD1.x/SD2.x/SDXL) use the UNet patch.")
+    changed = host_refusal(diffusion_model)
+    if changed:
+        name = type(getattr(diffusion_model, "_orig_mod", diffusion_model)).__name__
+        raise TypeError(f"ToMe: {name} on this ComfyUI is not supported: {changed}, and ToMe's kv mode knows only "
+                        f"the layout of earlier ComfyUIs, so it refuses rather than reduce the wrong tokens. "
+                        f"Sample this model without ToMe, or use ToMe with it on ComfyUI 0.3.x.")
     check_config(diffusion_model, config)
     chosen = blocks_on(diffusion_model, config)
     if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():

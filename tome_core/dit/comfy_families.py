@@ -9,6 +9,8 @@ percent to sigma), so no timestep scale is needed here.
 """
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
@@ -68,6 +70,10 @@ class ComfyFamily:
     text_tokens: for text "last" without block reports, (keyword, token axis, times) of the call's text inputs
         that make the whole text after the grid ("c_crossattn": the context), so the joint attention is told
         apart by its length (HiDream: T5 + twice the Llama tokens).
+    requires: ("module.Class", "__init__ parameter", what changed) of the host that this layout holds on:
+        a host whose class lacks the parameter lays the tokens out otherwise, and the model is refused there.
+    unknown_with: keywords of a model call that add tokens this entry cannot place (Z-Image Omni's
+        reference latents on 2026 ComfyUIs): such a call is left whole, never mis-reduced.
     """
 
     name: str
@@ -83,6 +89,8 @@ class ComfyFamily:
     reference_frames: int = 0
     replaced_frames: Optional[str] = None
     text_tokens: Tuple[Tuple[str, int, int], ...] = ()
+    requires: Optional[Tuple[str, str, str]] = None
+    unknown_with: Tuple[str, ...] = ()
 
 
 _DIFFUSIONMODULES = "comfy.ldm.modules.diffusionmodules."
@@ -129,11 +137,13 @@ TABLE: Tuple[ComfyFamily, ...] = (
     # HunyuanVideo (and 1.5, HunyuanImage 2.1: same class): [image, text]; its text grows inside the model
     # (byT5, vision tokens), so the tokens after the grid are kept whole, whatever their number.
     ComfyFamily("hunyuan_video", ("comfy.ldm.hunyuan_video.model.HunyuanVideo",), "last", _DOUBLE_SINGLE,
-                reports_blocks=True),
+                reports_blocks=True,
+                requires=("comfy.ldm.flux.layers.DoubleStreamBlock", "flipped_img_txt",
+                          "ComfyUI 0.13+ puts HunyuanVideo's text before the video")),
     # Lumina 2 and Z-Image: [caption (+ padding), image (+ padding)] in the main layers; the refiners see
     # the caption or the image alone (other lengths: never reduced).
     ComfyFamily("lumina2", ("comfy.ldm.lumina.model.NextDiT",), "first", (ComfyBlocks("layers", "layers"),),
-                pad_multiple="pad_tokens_multiple"),
+                pad_multiple="pad_tokens_multiple", unknown_with=("ref_latents", "siglip_feats")),
     # HiDream I1: [image, text] in double and single blocks, no block reports in 0.3.75 nor 2026-08: the joint
     # attentions are counted by their length. E1's image_cond widens every token row (concatenated along the
     # width): its sequence is longer than this layout, so such a call is never reduced.
@@ -162,6 +172,23 @@ def family_of(diffusion_model: Any) -> Optional[ComfyFamily]:
     """The table entry of a diffusion model's class (module and class name), else None."""
     cls = type(base_model(diffusion_model))
     return _BY_CLASS.get(f"{cls.__module__}.{cls.__qualname__}")
+
+
+def host_refusal(diffusion_model: Any) -> Optional[str]:
+    """Why this host's class lays the family's tokens out otherwise than its table entry says, else None
+    (the entry's ``requires``: a parameter of a host class that the layout depends on)."""
+    entry = family_of(diffusion_model)
+    if entry is None or entry.requires is None:
+        return None
+    path, parameter, change = entry.requires
+    module_name, _, class_name = path.rpartition(".")
+    try:
+        host_class = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError):
+        return f"{change} ({path} not found)"
+    if parameter in inspect.signature(host_class.__init__).parameters:
+        return None
+    return f"{change} ({path} has no {parameter})"
 
 
 def supported_names() -> str:
@@ -224,6 +251,8 @@ def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.
     HunyuanVideo puts reference-latent tokens (``ref_latent``) before its grid: they become the prefix.
     """
     entry, extra = family_of(diffusion_model), extra or {}
+    if entry is not None and any(extra.get(key) is not None for key in entry.unknown_with):
+        return None
     grid = None if entry is None else token_grid(diffusion_model, x)
     if grid is None:
         return None
