@@ -16,11 +16,12 @@ share of time lost to other work ('lost %': vanilla's slower rounds, CPU waits);
 overlap, methods share places ('2-3 (tied)'), and when other work took a third of the time or
 more, nothing is ranked ('too noisy: machine busy'): rerun on an idle machine.
 
-DiT families (--families flux, sd3, wan; not mixed with UNet families in one run): vanilla vs
-mode kv (merge and tomesd exist for UNets only), the real architecture at full width with
---blocks blocks of each kind (full depth does not fit 2 CPU cores; per-block cost and the share
-of time in attention are those of the real model), at their native size unless --res is given
-(Flux, SD3: 1024; Wan: 832x480, --frames 33), batch 1 for Flux (guidance-distilled), else 2 (CFG).
+DiT families (--families flux, sd3, wan, zimage, qwen, ltx2; not mixed with UNet families in one
+run): vanilla vs mode kv (merge and tomesd exist for UNets only), the real architecture at full
+width with --blocks blocks of each kind (full depth does not fit 2 CPU cores; per-block cost and
+the share of time in attention are those of the real model), at their native size unless --res is
+given (Flux, SD3, Z-Image: 1024; Qwen-Image: 1328; Wan: 832x480, --frames 33; LTX-2: 768x512,
+--frames 8k+1), batch 1 for Flux (guidance-distilled) and Z-Image-Turbo (CFG 1), else 2 (CFG).
 Rows add the tokens, the attention share of vanilla and its ceiling 1/(1-share) for any kv
 speed-up. Flux 1024 with 2 blocks: about 5 minutes on 2 idle CPU cores.
 """

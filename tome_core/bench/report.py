@@ -62,17 +62,18 @@ METRICS = {
                    "start (weights and inputs excluded); CPU: torch.profiler memory events, "
                    "CUDA: torch.cuda.max_memory_allocated, reset per measured call",
     "mem_vs_vanilla": "peak_mem_mb / vanilla's peak_mem_mb",
-    "image_tokens": "DiT rows: image (Wan: video) tokens of one sample: latent px / 8, 2x2 patches, "
-                    "Wan: x (1 + (frames - 1) / 4) latent frames",
-    "text_tokens": "DiT rows: text tokens of one sample (Flux, Wan: T5 512; SD3: CLIP 77 + T5 256)",
+    "image_tokens": "DiT rows: image (Wan, LTX-2: video) tokens of one sample: latent px / 8 (LTX-2: / 32), "
+                    "2x2 patches (LTX-2: 1x1), Wan: x (1 + (frames - 1) / 4) latent frames (LTX-2: / 8)",
+    "text_tokens": "DiT rows: text tokens of one sample (Flux, Wan: T5 512; SD3: CLIP 77 + T5 256; Z-Image, "
+                   "Qwen-Image: the prompt's 128; LTX-2: 1024, cross-attention only)",
     "blocks": "DiT rows: blocks built at full width (Flux: double+single); 'real_blocks' has the "
               "released model's; per-block cost and attention share are the real model's",
-    "frames": "Wan rows: video frames (latent frames 1 + (frames - 1) / 4)",
+    "frames": "Wan, LTX-2 rows: video frames (latent frames 1 + (frames - 1) / 4; LTX-2: / 8)",
     "attn_share": "DiT rows: share of one vanilla forward's time inside scaled_dot_product_attention "
                   "(the forward right after the warm-up round), the same on every row of a size",
     "speedup_ceiling": "DiT rows: 1 / (1 - attn_share), the speed-up if attention took no time: "
                        "no kv ratio can beat it",
-    "guided": "DiT rows: what cfg_err compares: 'cfg' (CFG pair), 'distilled' (Flux: the output)",
+    "guided": "DiT rows: what cfg_err compares: 'cfg' (CFG pair), 'distilled' (Flux, Z-Image-Turbo: the output)",
     "vanilla_drift": "vanilla row only: rel. L2 between vanilla outputs before and after every "
                      "other variant was applied and removed (0 = removal restores the model)",
 }
