@@ -25,6 +25,16 @@ def unet_output(unet, inputs) -> torch.Tensor:
         return unet(sample, timestep, context, added_cond_kwargs=added).sample
 
 
+def seed_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every weight random (diffusers zero-initialises some output layers: comparisons would pass trivially)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            fan_in = p.shape[-1] if p.dim() >= 2 else 16
+            p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+    return model.eval()
+
+
 class SpyAttention(TorchFunctionMode):
     """Records the real query/key/value of every scaled_dot_product_attention call, as the kernel gets them."""
 

@@ -13,19 +13,9 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 
 from tome_core import apply_patch, is_patched, remove_patch  # noqa: E402
-from conftest import SpyAttention  # noqa: E402
+from conftest import SpyAttention, seed_weights as _seed_weights  # noqa: E402
 from tome_core.dit.diffusers_dit import STATE_ATTR  # noqa: E402
 from tome_core.dit.families import family_of  # noqa: E402
-
-
-def _seed_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Every weight random (diffusers zero-initialises some output layers: comparisons would pass trivially)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            fan_in = p.shape[-1] if p.dim() >= 2 else 16
-            p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
-    return model.eval()
 
 
 def _raster_ids(h: int, w: int, columns: int, first: float = 0.0) -> torch.Tensor:
