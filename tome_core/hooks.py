@@ -199,9 +199,8 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
     """Hook every transformer block of ``unet``; raises TypeError (and hooks nothing) if it has none."""
     state = PatchState(config=config, merger=TokenMerger(config, attention_base_downsample(unet)))
     blocks = transformer_blocks(unet)
-    if config.enabled:
+    if config.enabled:  # apply_patch checked them (check_partners); each model call checks again
         state.guarded = guarded_modules(unet, config)
-        refuse_caches_inside(state.guarded, config.mode)
 
     @not_compiled
     def record_step(module, args, kwargs):
