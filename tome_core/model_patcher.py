@@ -239,13 +239,12 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
     windowed = window != SigmaWindow()
     tables_key = f"tome_tables_{id(merger):x}"  # one per patched model: two ToMe nodes never share it
     call_step = [0.0]  # the step key of the model call in progress, set by apply_model_wrapper
-    own_attn1: list = [None]  # this model's attn1 patch, to find the patches registered after it
 
     def partner_check(h: torch.Tensor, transformer_options: dict) -> torch.Tensor:
         # An input_block_patch, for hosts without model wrappers (2024 ComfyUI): it sees the sampler's
         # transformer_options, patch lists included, after input block 0 and before any attention.
         if transformer_options.get("block") == ("input", 0):
-            refuse_partner_after(attn1_patches_of(transformer_options), own_attn1[0], config)
+            refuse_partner_after(attn1_patches_of(transformer_options), attn1, config)
         return h
 
     def step_key_of(sigmas: Any) -> Optional[float]:
@@ -259,7 +258,7 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
         args = (c_concat, c_crossattn, control, transformer_options)
         if not isinstance(options, dict) or x.dim() != 4:
             return executor(x, t, *args, **kwargs)
-        refuse_partner_after(attn1_patches_of(options), own_attn1[0], config)
+        refuse_partner_after(attn1_patches_of(options), attn1, config)
         sigma = step_key_of(t)  # the one host read of this model call
         if windowed and sigma is not None and not window.contains(sigma):
             options[tables_key] = _OFF
@@ -356,7 +355,6 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
         return before, after
 
     attn1, attn1_output = slot_patches("attn1")
-    own_attn1[0] = attn1
     patches = ComfyPatches(attn1=attn1, attn1_output=attn1_output, apply_model_wrapper=apply_model_wrapper,
                            tables_key=tables_key, partner_check=partner_check)
     if config.merge_crossattn and config.mode == "merge":
