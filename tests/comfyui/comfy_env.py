@@ -181,7 +181,7 @@ class ComfyServer:
 
     def __init__(self, comfy_dir: Path, workdir: Path, python: str = sys.executable, timeout: float = 300) -> None:
         self.comfy_dir, self.workdir = Path(comfy_dir), Path(workdir)
-        for sub in ("output", "input", "temp", "checkpoints", "custom_nodes", "user"):
+        for sub in ("output", "input", "temp", "checkpoints", "unet", "controlnet", "custom_nodes", "user"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         for name, target in ((PACKAGE_NAME, REPO), ("tome_test_nodes", TEST_NODES)):
             link = self.workdir / "custom_nodes" / name
@@ -189,6 +189,8 @@ class ComfyServer:
                 link.symlink_to(target, target_is_directory=True)
         paths = self.workdir / "extra_model_paths.yaml"
         paths.write_text(f"tome_tests:\n    checkpoints: {self.workdir / 'checkpoints'}\n"
+                         f"    unet: {self.workdir / 'unet'}\n"  # diffusion_models on 2025+ ComfyUIs
+                         f"    controlnet: {self.workdir / 'controlnet'}\n"
                          f"    custom_nodes: {self.workdir / 'custom_nodes'}\n")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -337,16 +339,49 @@ def _seeded_init(module: Any, seed: int) -> None:
                 tensor.zero_()
 
 
-def tiny_sd15_unet_config() -> Dict[str, Any]:
+def tiny_sd15_unet_config(**changes) -> Dict[str, Any]:
     """An SD1.5-family UNet that ComfyUI's detector accepts: SD1.5's widths (320 channels, 768-d
     context, 8 heads), but two levels with one res block and one transformer block each."""
-    return dict(
+    return dict(dict(
         image_size=32, in_channels=4, out_channels=4, model_channels=320, num_res_blocks=[1, 1],
         channel_mult=[1, 1], transformer_depth=[1, 1], transformer_depth_output=[1, 1, 1, 1],
         transformer_depth_middle=1, context_dim=768, num_heads=8, num_head_channels=-1,
         use_spatial_transformer=True, use_linear_in_transformer=False, legacy=False, adm_in_channels=None,
         use_checkpoint=False, use_temporal_resblock=False, use_temporal_attention=False,
-    )
+    ), **changes)
+
+
+def _save_seeded(path: Path, module: Any, seed: int) -> Path:
+    """Seed ``module`` (``_seeded_init``) and save its state dict, fp16, as a safetensors file."""
+    import safetensors.torch
+    import torch
+
+    _seeded_init(module, seed)
+    state = {key: tensor.to(torch.float16).contiguous() for key, tensor in module.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    safetensors.torch.save_file(state, str(tmp))
+    tmp.replace(path)
+    return path
+
+
+def write_tiny_sd15_unet(path: Path, seed: int = 0, **changes) -> Path:
+    """Write a UNet-only file (the diffusion model's keys without prefix, as ``UNETLoader`` reads them)
+    of ``tiny_sd15_unet_config(**changes)`` with seeded weights. Needs ComfyUI importable."""
+    from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
+
+    return _save_seeded(path, UNetModel(**tiny_sd15_unet_config(**changes)), seed)
+
+
+def write_tiny_controlnet(path: Path, seed: int = 0) -> Path:
+    """Write an SD1.5 ControlNet (ComfyUI's ``cldm`` layout: input_hint_block, zero_convs,
+    middle_block_out) that matches the tiny UNet of ``tiny_sd15_unet_config``, seeded weights,
+    zero convolutions included (a trained ControlNet's are not zero either). Needs ComfyUI importable."""
+    from comfy.cldm.cldm import ControlNet
+
+    config = tiny_sd15_unet_config()
+    config.pop("out_channels")
+    return _save_seeded(path, ControlNet(hint_channels=3, **config), seed)
 
 
 def write_tiny_sd15_checkpoint(path: Path, seed: int = 0) -> Path:
