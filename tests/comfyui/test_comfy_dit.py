@@ -84,19 +84,20 @@ def wan(comfy):
     return patcher, latent, cond, dict(prefix=0, grid=45, suffix=0)
 
 
-def skip_where_text_comes_first(patcher):
-    """HunyuanVideo on a ComfyUI that puts its text before the video (0.13+) is refused (see
-    test_comfy_families.test_hunyuan_video_is_refused_where_the_host_puts_text_first): nothing to test there."""
-    from tome_core.dit.comfy_families import host_refusal
+def host_where(patcher, where: dict, added: int = 0) -> dict:
+    """``where`` (prefix, grid, suffix of the joint attention, as ComfyUI 0.3.x runs HunyuanVideo: [video, text]) on
+    the running host: ComfyUI 0.13+ runs [text, video], so the suffix and the ``added`` tokens the model puts
+    beside its text (byT5, vision) come before the grid there."""
+    from tome_core.dit.comfy_families import grid_last
 
-    reason = host_refusal(patcher.model.diffusion_model)
-    if reason:
-        pytest.skip(f"refused on this ComfyUI: {reason}")
-    return patcher
+    if grid_last(patcher.model.diffusion_model):
+        return dict(prefix=where["prefix"] + where["suffix"] + added, grid=where["grid"], suffix=0)
+    return where
 
 
 def hunyuan_video(comfy):
-    """[image, text] joint attention (text last), after a text refiner whose self-attention sees text only."""
+    """[image, text] joint attention (text last; [text, image] on ComfyUI 0.13+), after a text refiner whose
+    self-attention sees text only."""
     import comfy.ldm.hunyuan_video.model
 
     params = comfy.ldm.hunyuan_video.model.HunyuanVideoParams
@@ -105,11 +106,10 @@ def hunyuan_video(comfy):
         context_in_dim=32, hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=2,
         axes_dim=[4, 6, 6], theta=256, qkv_bias=True, guidance_embed=True, byt5=False, meanflow=False,
         use_cond_type_embedding=False, vision_in_dim=None), meanflow_sum=False))  # model_detection: no vision_in
-    skip_where_text_comes_first(patcher)
     latent = torch.zeros(1, 16, 3, 6, 10)
     cond = [[torch.randn(1, 7, 32, generator=torch.Generator().manual_seed(1)),
              {"pooled_output": torch.randn(1, 32, generator=torch.Generator().manual_seed(2)), "guidance": 6.0}]]
-    return patcher, latent, cond, dict(prefix=0, grid=45, suffix=7)
+    return patcher, latent, cond, host_where(patcher, dict(prefix=0, grid=45, suffix=7))
 
 
 FAMILIES = {"flux": flux, "sd3": sd3, "wan": wan, "hunyuan_video": hunyuan_video}
@@ -122,6 +122,13 @@ def first_over_layout(calls, where) -> int:
 
 
 def sample(comfy, patcher, latent, cond, steps: int = 2) -> torch.Tensor:
+    """ComfyUI's sampler; a nested latent (LTX-2's [video, audio]) gets ComfyUI's own nested noise, and its
+    streams come back flattened into one tensor."""
+    if getattr(latent, "is_nested", False):
+        noise = comfy.sample.prepare_noise(latent, 0)
+        out = comfy.sample.sample(patcher, noise, steps, 1.0, "euler", "simple", cond, cond, latent,
+                                  denoise=1.0, seed=0, disable_pbar=True)
+        return torch.cat([t.flatten(1) for t in out.unbind()], 1)
     noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0))
     return comfy.sample.sample(patcher, noise, steps, 1.0, "euler", "simple", cond, cond, latent,
                                denoise=1.0, seed=0, disable_pbar=True)

@@ -1,6 +1,6 @@
 """Mode "kv" on ComfyUI DiT families of the table beyond test_comfy_dit's four: Flux.2 (the Flux class
 with Flux.2 parameters), Qwen-Image (and its edit models' reference latents), Lumina 2 and Z-Image (NextDiT),
-LTX-Video (LTXV, with guide frames); AuraFlow, whose class is also named MMDiT, is refused naming it.
+LTX-Video (LTXV, with guide frames), LTX-2 (LTXAV: video beside audio); AuraFlow, whose class is also named MMDiT, is refused naming it.
 
 Reduced-size models built from comfy.supported_models classes with seeded weights, sampled by ComfyUI
 (comfy.sample.sample), attention inputs recorded by an override chained after ToMe's. Needs ComfyUI >=
@@ -16,7 +16,7 @@ import types
 import pytest
 import torch
 
-from test_comfy_dit import _as_detected, _patcher, comfy, sample, skip_where_text_comes_first, spy_on  # noqa: F401, E501
+from test_comfy_dit import _as_detected, _patcher, comfy, host_where, sample, spy_on  # noqa: F401
 
 from tome_core.config import ToMeConfig
 from tome_core.dit.comfy_dit import dit_family, patch_dit_model_patcher
@@ -176,6 +176,21 @@ def ltxv(comfy):
         dict(prefix=0, grid=90, suffix=0), 2
 
 
+def ltxav(comfy, audio_frames: int = 7):
+    """LTX-2: a [video 3 x 6 x 5, audio] nested latent (as LTXVConcatAVLatent makes it); the text comes fully
+    processed (caption_channels * 2 wide), so the text connectors do not run."""
+    _require("comfy.ldm.lightricks.av_model", "LTXAVModel")
+    import comfy.nested_tensor
+
+    patcher = _patcher(comfy, comfy.supported_models.LTXAV, dict(
+        image_model="ltxav", in_channels=16, audio_in_channels=128, cross_attention_dim=32, audio_cross_attention_dim=16,
+        attention_head_dim=16, audio_attention_head_dim=8, num_attention_heads=2, audio_num_attention_heads=2,
+        caption_channels=32, num_layers=2, connector_attention_head_dim=16, connector_num_attention_heads=2,
+        connector_num_layers=1))
+    latent = comfy.nested_tensor.NestedTensor([torch.zeros(1, 16, 3, 6, 5), torch.zeros(1, 8, audio_frames, 16)])
+    return patcher, latent, _cond(7, 64, attention_mask=torch.ones(1, 7)), dict(prefix=0, grid=90, suffix=0), 2
+
+
 _WAN = dict(image_model="wan2.1", patch_size=(1, 2, 2), in_dim=16, dim=32, ffn_dim=32, freq_dim=32, text_dim=32,
             out_dim=16, num_heads=2, num_layers=2)
 
@@ -234,30 +249,26 @@ def _hunyuan_patcher(comfy, config_cls, **config):
         meanflow_sum=False))
 
 
-def _hunyuan(comfy, config_cls, **config):
-    return skip_where_text_comes_first(_hunyuan_patcher(comfy, config_cls, **config))
-
-
 def hunyuan_video15(comfy):
     """HunyuanVideo 1.5 through ComfyUI's HunyuanVideo class with its own parameters (patch 1, byT5, cond-type
     embedding, vision tokens; image + mask channels concatenated): [video, byT5 + text + vision tokens]."""
     config_cls = _require("comfy.supported_models", "HunyuanVideo15")
-    patcher = _hunyuan(comfy, config_cls, in_channels=33, patch_size=[1, 1, 1], axes_dim=[4, 6, 6],
+    patcher = _hunyuan_patcher(comfy, config_cls, in_channels=33, patch_size=[1, 1, 1], axes_dim=[4, 6, 6],
                        use_cond_type_embedding=True, vision_in_dim=32)
     g = torch.Generator().manual_seed(5)
     vision = types.SimpleNamespace(last_hidden_state=torch.randn(1, 3, 32, generator=g))
     cond = _cond(7, 32, conditioning_byt5small=torch.randn(1, 4, 1472, generator=g), clip_vision_output=vision,
                  pooled_output=torch.zeros(1, 32))  # model_base.HunyuanVideo asks for it; vec_in_dim None ignores it
-    return patcher, torch.zeros(1, 16, 3, 6, 5), cond, dict(prefix=0, grid=90, suffix=0), 2
+    return patcher, torch.zeros(1, 16, 3, 6, 5), cond, host_where(patcher, dict(prefix=0, grid=90, suffix=0), 14), 2
 
 
 def hunyuan_image21(comfy):
     """HunyuanImage 2.1 through the HunyuanVideo class: a 2-d patch on a [B, C, H, W] latent, byT5 tokens."""
     config_cls = _require("comfy.supported_models", "HunyuanImage21")
-    patcher = _hunyuan(comfy, config_cls, patch_size=[1, 1], axes_dim=[8, 8])
+    patcher = _hunyuan_patcher(comfy, config_cls, patch_size=[1, 1], axes_dim=[8, 8])
     g = torch.Generator().manual_seed(5)
     return patcher, torch.zeros(1, 16, 5, 7), _cond(7, 32, conditioning_byt5small=torch.randn(1, 4, 1472, generator=g)), \
-        dict(prefix=0, grid=35, suffix=0), 2
+        host_where(patcher, dict(prefix=0, grid=35, suffix=0), 11), 2
 
 
 def kandinsky5(comfy, image_to_video: bool = False):
@@ -277,7 +288,7 @@ def kandinsky5(comfy, image_to_video: bool = False):
 
 
 FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance, "qwen_image": qwen_image,
-            "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
+            "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "ltxav": ltxav, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
             "wan_animate": wan_animate, "hidream": hidream, "hunyuan_video15": hunyuan_video15,
             "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5, "longcat_image": longcat_image,
             "krea2": krea2, "joyimage": joyimage, "mage_flow": mage_flow}
@@ -420,7 +431,7 @@ def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
     _check_kept(vanilla, patched, where, reduced)
 
 
-@pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv", "hidream", "kandinsky5"])
+@pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv", "ltxav", "hidream", "kandinsky5"])
 def test_block_range_reduces_the_second_half(comfy, family):
     patcher, latent, cond, where, reduced = FAMILIES[family](comfy)
     vanilla = _spied(comfy, patcher, latent, cond)
@@ -456,24 +467,21 @@ def test_auraflow_is_refused_naming_it_not_taken_for_sd3(comfy):
     assert not patcher.wrappers.get("apply_model")
 
 
-def test_hunyuan_video_is_refused_where_the_host_puts_text_first(comfy, monkeypatch):
-    """ComfyUI 0.13+ dropped DoubleStreamBlock's flipped_img_txt and puts HunyuanVideo's text before the video;
-    the table's [video, text] layout would then reduce text keys. On such a host (simulated here by a
-    DoubleStreamBlock without that parameter; the real one on the 2026-08 ComfyUI) the patch is refused,
-    naming the model and the change, and nothing is patched."""
+def test_hunyuan_video_layout_follows_the_host(comfy, monkeypatch):
+    """ComfyUI 0.13+ dropped DoubleStreamBlock's flipped_img_txt and runs HunyuanVideo as [text, video] (0.3.x:
+    [video, text]). The table reads which from the host's class: the real one here (the 2026-08 ComfyUI: grid last;
+    0.3.75: grid first), and a block without that parameter (simulated) reads as grid last. The other HunyuanVideo
+    tests check the kept keys on the running host's real order."""
     import comfy.ldm.flux.layers as layers
 
-    from tome_core.config import ToMeConfig
-    from tome_core.dit.comfy_dit import patch_dit_model_patcher
-
-    from tome_core.dit.comfy_families import host_refusal
+    from tome_core.dit.comfy_families import grid_last
 
     patcher = _hunyuan_patcher(comfy, _require("comfy.supported_models", "HunyuanVideo15"), in_channels=33,
                                patch_size=[1, 1, 1], axes_dim=[4, 6, 6], use_cond_type_embedding=True, vision_in_dim=32)
+    model = patcher.model.diffusion_model
     text_first = "flipped_img_txt" not in inspect.signature(layers.DoubleStreamBlock.__init__).parameters
-    assert bool(host_refusal(patcher.model.diffusion_model)) == text_first
-    if not text_first:  # ComfyUI 0.3.x: [video, text], accepted
-        assert patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv")) is not patcher
+    assert grid_last(model) == text_first
+    assert patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv")) is not patcher
 
     class TextFirstDoubleStreamBlock(layers.DoubleStreamBlock):
         def __init__(self, hidden_size, num_heads, mlp_ratio, qkv_bias=False, dtype=None, device=None,
@@ -482,11 +490,7 @@ def test_hunyuan_video_is_refused_where_the_host_puts_text_first(comfy, monkeypa
                              operations=operations)
 
     monkeypatch.setattr(layers, "DoubleStreamBlock", TextFirstDoubleStreamBlock)
-    wrappers_before = dict(patcher.wrappers)
-    with pytest.raises(TypeError, match=r"HunyuanVideo on this ComfyUI is not supported: ComfyUI 0\.13\+ puts "
-                                        r"HunyuanVideo's text before the video"):
-        patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv"))
-    assert dict(patcher.wrappers) == wrappers_before
+    assert grid_last(model)
 
 
 def test_z_image_calls_with_reference_latents_are_left_whole(comfy):
@@ -501,3 +505,27 @@ def test_z_image_calls_with_reference_latents_are_left_whole(comfy):
     assert plain is not None and plain.grid_tokens == where["grid"]
     for key in ("ref_latents", "siglip_feats"):
         assert token_layout(model, latent, context, {key: [torch.zeros(1, 16, 12, 10)]}) is None
+
+
+def test_ltxav_audio_as_long_as_the_video_is_left_whole(comfy):
+    """LTX-2's audio self-attention has no block report: with as many audio tokens (90) as video tokens it cannot be
+    told from the video's, so the call is left whole (bit-identical to the unpatched model); 7 audio tokens: reduced."""
+    patcher, latent, cond, _, _ = ltxav(comfy, audio_frames=90)
+    expected = sample(comfy, patcher, latent, cond, steps=1)
+    patched = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv"))
+    assert torch.equal(sample(comfy, patched, latent, cond, steps=1), expected)
+    _, short, _, _, _ = ltxav(comfy)
+    assert not torch.equal(sample(comfy, patched, short, cond, steps=1), sample(comfy, patcher, short, cond, steps=1))
+
+
+def test_ltxav_stg_blocks_are_skipped_in_the_block_count(comfy):
+    """LTXVSpatioTemporalGuidance's pass computes no self-attention in its blocks (stg_self_attn_blocks): with block 0
+    perturbed, the first video self-attention is block 1's, and the range 0.5-1 (block 1 only) reduces it."""
+    patcher, latent, cond, where, _ = ltxav(comfy)
+    stg = patcher.clone()
+    stg.model_options.setdefault("transformer_options", {})["stg_self_attn_blocks"] = frozenset({0})
+    vanilla = _spied(comfy, stg, latent, cond)
+    patched = _spied(comfy, stg, latent, cond, ToMeConfig(ratio=0.5, mode="kv", block_start=0.5))
+    over = [i for i, a in enumerate(vanilla) if a[1].shape[1] == a[0].shape[1] == where["grid"]]
+    shortened = [i for i, (a, b) in enumerate(zip(vanilla, patched)) if b[1].shape[1] < a[1].shape[1]]
+    assert len(over) == 1 and shortened == over

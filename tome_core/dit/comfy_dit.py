@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from ..config import ToMeConfig
-from .comfy_families import FAMILIES, ComfyFamily, block_offsets, default_start, family_of, supported_names, \
-    token_layout, host_refusal
+from .comfy_families import FAMILIES, ComfyFamily, ambiguous_lengths, block_offsets, default_start, family_of, \
+    grid_last, supported_names, token_layout
 from .diffusers_dit import check_config
 from .grid import TokenLayout
 from .kv import dit_window
@@ -108,28 +108,30 @@ class DiTKVPatch(KVPatchState):
 
     def __init__(self, config: ToMeConfig, sigma_high: float, sigma_low: float, family: ComfyFamily,
                  blocks: Optional[Tuple[bool, ...]] = None, block_offsets: Optional[Dict[str, int]] = None,
-                 image_only_attention: bool = False) -> None:
+                 image_only_attention: bool = False, grid_last: bool = False) -> None:
         super().__init__(config)
         self.sigma_high, self.sigma_low = sigma_high, sigma_low
         self.family = family
         self.blocks_on = blocks
         self.block_offsets = block_offsets or {}
         self.image_only_attention = image_only_attention  # SD3.5's MMDiT-X x_block self-attention
+        self.grid_last = grid_last  # [text, references, grid] (HunyuanVideo on ComfyUI 0.13+): the rest precedes it
 
-    def override(self, layout: TokenLayout, keep: torch.Tensor, ambiguous: int,
+    def override(self, layout: TokenLayout, keep: torch.Tensor, ambiguous: Tuple[int, ...],
                  previous: Optional[Callable], keep_image: Optional[torch.Tensor] = None) -> Callable:
         """The optimized_attention_override for one model call; chains ``previous``.
 
         Which block a call belongs to: where the model reports it (Flux, HunyuanVideo set
         ``block_type``/``block_index`` in transformer_options around each block), from that; elsewhere
-        (MMDiT, Wan) the self-attentions over the layout come one per block in depth order, so their
-        count in this call is the block index. With ``keep_image`` (SD3.5's MMDiT-X), a self-attention
+        (MMDiT, Wan, LTX) the self-attentions over the layout come one per block in depth order, so their
+        count in this call is the block index (skipping the blocks the model reports it does not compute,
+        LTX's STG). A key length in ``ambiguous`` (text, another stream) is never taken for self-attention. With ``keep_image`` (SD3.5's MMDiT-X), a self-attention
         over the grid alone is the image-only ``x_block`` attention that ``_block_mixing`` runs right
         after its block's joint one, so it belongs to the last counted block and keeps ``keep_image``.
         A block outside ``blocks_on`` is left alone.
         """
         seen = [0]  # self-attentions over the layout so far in this model call (counted families)
-        family, offsets, blocks_on = self.family, self.block_offsets, self.blocks_on
+        family, offsets, blocks_on, grid_last = self.family, self.block_offsets, self.blocks_on, self.grid_last
         end = layout.prefix + layout.grid_tokens  # the grid's end: later tokens (text, references) are kept
 
         def block_of(kwargs: dict, n: int) -> Optional[int]:
@@ -140,12 +142,17 @@ class DiTKVPatch(KVPatchState):
                 return offsets[kind] + int(options.get("block_index", 0)) if n >= end else None
             if keep_image is not None and n == layout.grid_tokens and seen[0] > 0:
                 return seen[0] - 1  # SD3.5's x_block self-attention, after its block's joint attention
-            if family.text == "last" and not family.text_tokens or n != layout.length or n == ambiguous:
+            if family.text == "last" and not family.text_tokens or n != layout.length or n in ambiguous:
                 # No block report: [image, text] cannot be told from the text refiner's self-attention unless the
-                # table gives the whole text's length (HiDream), and a cross-attention whose text has the layout's
-                # length cannot be told from self-attention.
+                # table gives the whole text's length (HiDream), and a cross-attention whose text (or another
+                # stream) has the layout's length cannot be told from self-attention.
                 return None
             index, seen[0] = seen[0], seen[0] + 1
+            skipped = options.get(family.skipped_blocks) if family.skipped_blocks and isinstance(options, dict) else None
+            for block in sorted(set(skipped or ())):  # the index-th block whose self-attention runs
+                if block > index:
+                    break
+                index += 1
             return index
 
         def tome_kv_override(func: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -155,7 +162,10 @@ class DiTKVPatch(KVPatchState):
             n = k.shape[seq] if k is not None else -1
             index = block_of(kwargs, n) if q is not None and q.shape[seq] == n == v.shape[seq] else None
             if index is not None and (blocks_on is None or (index < len(blocks_on) and blocks_on[index])):
-                if n == layout.length:
+                if grid_last:  # every token before the grid (text, references), however many, keeps its key
+                    before = n - layout.grid_tokens
+                    kept = torch.cat([torch.arange(before, device=keep.device), keep + before])
+                elif n == layout.length:
                     kept = keep
                 elif keep_image is not None and n == layout.grid_tokens:
                     kept = keep_image
@@ -210,10 +220,11 @@ class DiTKVPatch(KVPatchState):
         sigma = float(t.detach().max()) if isinstance(t, torch.Tensor) else float(t)
         if not self.sigma_low <= sigma <= self.sigma_high:
             return None
-        ambiguous = context.shape[1] if context is not None and self.family.text == "separate" else -1
-        if layout.length == ambiguous:
-            self.warn_once("ambiguous", f"ToMe: {layout.grid_tokens} video tokens equal the text length; "
-                           "this size is left unreduced (self- and cross-attention cannot be told apart).")
+        ambiguous = ambiguous_lengths(base_model.diffusion_model, context, extra)
+        if layout.length in ambiguous:
+            self.warn_once("ambiguous", f"ToMe: {layout.grid_tokens} video tokens equal the length of the text or of "
+                           "another stream (audio); this size is left unreduced (self- and cross-attention cannot "
+                           "be told apart).")
         keep_image = None
         if self.image_only_attention and layout.prefix > 0:  # the same picks on the grid alone (same seed)
             keep_image = self.keep_for(layout.image_only(), sigma, x.device)
@@ -234,12 +245,6 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
         raise TypeError(f"ToMe: {name} is not a DiT that ToMe's kv mode can reach in ComfyUI ({module}.{name}); "
                         f"supported: "
                         f"{supported_names()}. UNet models (SD1.x/SD2.x/SDXL) use the UNet patch.")
-    changed = host_refusal(diffusion_model)
-    if changed:
-        name = type(getattr(diffusion_model, "_orig_mod", diffusion_model)).__name__
-        raise TypeError(f"ToMe: {name} on this ComfyUI is not supported: {changed}, and ToMe's kv mode knows only "
-                        f"the layout of earlier ComfyUIs, so it refuses rather than reduce the wrong tokens. "
-                        f"Sample this model without ToMe, or use ToMe with it on ComfyUI 0.3.x.")
     check_config(diffusion_model, config)
     chosen = blocks_on(diffusion_model, config)
     if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():
@@ -249,7 +254,8 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     high, low = float(sampling.percent_to_sigma(config.start_percent)), float(sampling.percent_to_sigma(config.end_percent))
     state = DiTKVPatch(config, sigma_high=high, sigma_low=low, family=_family_entry(diffusion_model), blocks=chosen,
                        block_offsets=_block_offsets(diffusion_model)[0],
-                       image_only_attention=has_image_only_attention(diffusion_model))
+                       image_only_attention=has_image_only_attention(diffusion_model),
+                       grid_last=grid_last(diffusion_model))
     clone = patcher.clone()
     clone.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)  # re-patching replaces, never stacks
     clone.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, state.apply_model_wrapper)

@@ -70,10 +70,20 @@ class ComfyFamily:
     text_tokens: for text "last" without block reports, (keyword, token axis, times) of the call's text inputs
         that make the whole text after the grid ("c_crossattn": the context), so the joint attention is told
         apart by its length (HiDream: T5 + twice the Llama tokens).
-    requires: ("module.Class", "__init__ parameter", what changed) of the host that this layout holds on:
-        a host whose class lacks the parameter lays the tokens out otherwise, and the model is refused there.
+    grid_last_without: ("module.Class", "__init__ parameter") of the host that the "last" layout holds on: a host
+        whose class lacks the parameter (HunyuanVideo on ComfyUI 0.13+) puts everything else (text, byT5, vision
+        and reference-latent tokens) before the grid, which then ends the sequence; those keep every key.
     unknown_with: keywords of a model call that add tokens this entry cannot place (Z-Image Omni's
         reference latents on 2026 ComfyUIs): such a call is left whole, never mis-reduced.
+    streams: keyword of the call holding the shapes of the latents the host packs into one tensor (LTX-2's
+        [video, audio] in ``latent_shapes``). The first is the grid's latent. Each other stream has one token
+        per step of its third axis (LTX-2's audio patchifier), plus the tokens of ``stream_prefix``, and runs
+        its own attentions: a call whose grid is as long as one of them is ambiguous and left whole.
+    stream_prefix: keyword of the call whose ``"tokens"`` [B, L, C] the model puts before the other streams'
+        tokens (LTX-2's reference audio, ``ref_audio``).
+    skipped_blocks: key of ``transformer_options`` listing the blocks whose self-attention the model does not
+        compute in this call (LTX's spatio-temporal guidance, ``stg_self_attn_blocks``): the counted
+        self-attentions skip those block indices.
     """
 
     name: str
@@ -89,8 +99,11 @@ class ComfyFamily:
     reference_frames: int = 0
     replaced_frames: Optional[str] = None
     text_tokens: Tuple[Tuple[str, int, int], ...] = ()
-    requires: Optional[Tuple[str, str, str]] = None
+    grid_last_without: Optional[Tuple[str, str]] = None
     unknown_with: Tuple[str, ...] = ()
+    streams: Optional[str] = None
+    stream_prefix: Optional[str] = None
+    skipped_blocks: Optional[str] = None
 
 
 _DIFFUSIONMODULES = "comfy.ldm.modules.diffusionmodules."
@@ -135,11 +148,10 @@ TABLE: Tuple[ComfyFamily, ...] = (
     ComfyFamily("wan_animate", ("comfy.ldm.wan.model_animate.AnimateWanModel",), "separate",
                 (ComfyBlocks("blocks", "blocks"),), appended=_WAN_APPENDED, reference_frames=1),
     # HunyuanVideo (and 1.5, HunyuanImage 2.1: same class): [image, text]; its text grows inside the model
-    # (byT5, vision tokens), so the tokens after the grid are kept whole, whatever their number.
+    # (byT5, vision tokens), so the tokens after the grid are kept whole, whatever their number. ComfyUI 0.13+
+    # dropped DoubleStreamBlock's flipped_img_txt and runs [text, reference, image]: the grid ends the sequence.
     ComfyFamily("hunyuan_video", ("comfy.ldm.hunyuan_video.model.HunyuanVideo",), "last", _DOUBLE_SINGLE,
-                reports_blocks=True,
-                requires=("comfy.ldm.flux.layers.DoubleStreamBlock", "flipped_img_txt",
-                          "ComfyUI 0.13+ puts HunyuanVideo's text before the video")),
+                reports_blocks=True, grid_last_without=("comfy.ldm.flux.layers.DoubleStreamBlock", "flipped_img_txt")),
     # Lumina 2 and Z-Image: [caption (+ padding), image (+ padding)] in the main layers; the refiners see
     # the caption or the image alone (other lengths: never reduced).
     ComfyFamily("lumina2", ("comfy.ldm.lumina.model.NextDiT",), "first", (ComfyBlocks("layers", "layers"),),
@@ -157,6 +169,13 @@ TABLE: Tuple[ComfyFamily, ...] = (
     ComfyFamily("ltxv", ("comfy.ldm.lightricks.model.LTXVModel",), "separate",
                 (ComfyBlocks("transformer_blocks", "transformer"),), patch="patchifier.patch_size",
                 conditioning="keyframe_idxs"),
+    # LTX-2 (2026 ComfyUIs): LTXV's video blocks with an audio stream beside them. Only the video self-attention
+    # (queries and keys over the video) is reduced; the audio self-attention, the text cross-attentions and the
+    # audio<->video cross-attentions (queries of one stream, keys of the other) keep every key.
+    ComfyFamily("ltxav", ("comfy.ldm.lightricks.av_model.LTXAVModel",), "separate",
+                (ComfyBlocks("transformer_blocks", "transformer"),), patch="patchifier.patch_size",
+                conditioning="keyframe_idxs", streams="latent_shapes", stream_prefix="ref_audio",
+                skipped_blocks="stg_self_attn_blocks"),
 )
 
 FAMILIES: Dict[str, ComfyFamily] = {family.name: family for family in TABLE}
@@ -174,27 +193,25 @@ def family_of(diffusion_model: Any) -> Optional[ComfyFamily]:
     return _BY_CLASS.get(f"{cls.__module__}.{cls.__qualname__}")
 
 
-def host_refusal(diffusion_model: Any) -> Optional[str]:
-    """Why this host's class lays the family's tokens out otherwise than its table entry says, else None
-    (the entry's ``requires``: a parameter of a host class that the layout depends on)."""
+def grid_last(diffusion_model: Any) -> bool:
+    """Whether this host runs the family's sequence as [everything else, grid] (``grid_last_without``): the host
+    class lacks the parameter the "last" layout depends on."""
     entry = family_of(diffusion_model)
-    if entry is None or entry.requires is None:
-        return None
-    path, parameter, change = entry.requires
+    if entry is None or entry.grid_last_without is None:
+        return False
+    path, parameter = entry.grid_last_without
     module_name, _, class_name = path.rpartition(".")
     try:
         host_class = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError):
-        return f"{change} ({path} not found)"
-    if parameter in inspect.signature(host_class.__init__).parameters:
-        return None
-    return f"{change} ({path} has no {parameter})"
+        return False
+    return parameter not in inspect.signature(host_class.__init__).parameters
 
 
 def supported_names() -> str:
     return ("Flux.1/Flux.2/Kontext/LongCat-Image, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), "
             "Wan 2.x (WanModel, VACE, Camera, HuMo, Animate), HiDream I1, Kandinsky 5, Krea 2, JoyImage, Mage-Flow, "
-            "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV)")
+            "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV), LTX-2 (LTXAV)")
 
 
 def _attr_path(obj: Any, path: str) -> Any:
@@ -253,6 +270,10 @@ def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.
     entry, extra = family_of(diffusion_model), extra or {}
     if entry is not None and any(extra.get(key) is not None for key in entry.unknown_with):
         return None
+    if entry is not None and entry.streams:
+        shapes = extra.get(entry.streams)
+        if shapes:  # x is the packed streams [B, 1, N]: the grid comes from the first stream's shape
+            x = torch.empty(tuple(shapes[0]), device="meta")
     grid = None if entry is None else token_grid(diffusion_model, x)
     if grid is None:
         return None
@@ -283,7 +304,7 @@ def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.
         return TokenLayout(grid, suffix=sum(inputs[key].shape[axis] * times for key, axis, times in entry.text_tokens))
     if entry.text == "last":
         reference = extra.get("ref_latent")
-        if not isinstance(reference, torch.Tensor):
+        if not isinstance(reference, torch.Tensor) or grid_last(diffusion_model):  # grid last: the rest is before it
             return TokenLayout(grid)
         ref_grid = token_grid(diffusion_model, reference)
         return None if ref_grid is None else TokenLayout(grid, prefix=math.prod(ref_grid))
@@ -293,6 +314,28 @@ def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.
     text = context.shape[1] + _padding(context.shape[1], multiple)
     prefix = text + int(getattr(model, "register_length", 0) or 0)
     return TokenLayout(grid, prefix=prefix, suffix=_padding(math.prod(grid), multiple))
+
+
+def ambiguous_lengths(diffusion_model: Any, context: Optional[torch.Tensor],
+                      extra: Optional[Dict[str, Any]] = None) -> Tuple[int, ...]:
+    """Key lengths of the call's other attentions whose queries could be the grid's: a cross-attention's text
+    (text "separate") and the other packed streams (``streams``). A layout of one of these lengths cannot be told
+    from them, so such a call is left whole."""
+    entry, extra = family_of(diffusion_model), extra or {}
+    if entry is None:
+        return ()
+    lengths = []
+    if entry.text == "separate" and isinstance(context, torch.Tensor):
+        lengths.append(int(context.shape[1]))
+    shapes = extra.get(entry.streams) if entry.streams else None
+    prefix = extra.get(entry.stream_prefix) if entry.stream_prefix else None
+    prefix = prefix.get("tokens") if isinstance(prefix, dict) else None
+    for shape in list(shapes or ())[1:]:
+        if len(shape) >= 3:
+            lengths.append(int(shape[2]))
+            if isinstance(prefix, torch.Tensor) and prefix.ndim >= 2:
+                lengths.append(int(shape[2]) + int(prefix.shape[1]))
+    return tuple(lengths)
 
 
 def block_offsets(diffusion_model: Any) -> Tuple[Dict[str, int], Dict[str, int]]:
