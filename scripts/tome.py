@@ -44,4 +44,5 @@ class ToMeScript(scripts.Script):
 
 
 script_callbacks.on_ui_settings(lambda: settings.add_settings(shared, gr))
-script_callbacks.on_before_ui(lambda: xyz.register(scripts.scripts_data))
+script_callbacks.on_before_ui(lambda: xyz.register(
+    scripts.scripts_data, [getattr(scripts, name, None) for name in ("scripts_txt2img", "scripts_img2img")]))

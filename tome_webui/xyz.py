@@ -4,10 +4,16 @@ The built-in ``xyz_grid.py`` script keeps its axes in the module list ``axis_opt
 loads scripts by path, so that module is found through ``modules.scripts.scripts_data`` (whose
 entries name their module ``xyz_grid.py``), after every script is loaded (``on_before_ui``).
 An axis value lands on the per-cell copy of ``p`` as ``p.tome_overrides`` and turns ToMe on there.
+
+Started API-only (``--nowebui``), the WebUI builds the scripts' UI in ``Api.__init__``
+(``ui.create_ui()``) before ``webui.api_only`` runs the ``on_before_ui`` callbacks (A1111 1.8
+c8a5322d; Forge dfdcbab's ``api_only_worker`` alike). ``xyz_grid``'s ``Script.ui`` has then already
+fixed ``current_axis_options``, the list ``run`` resolves an axis index in, and the X/Y/Z type choices
+``/sdapi/v1/script-info`` lists; ``register`` brings those up to date too (``refresh_built``).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from .options import FIELD_BY_NAME, MAX_DOWNSAMPLE_CHOICES, WebUIArgs
 from .runner import OVERRIDES_ATTR
@@ -59,7 +65,33 @@ def add_axes(xyz_grid: Any) -> int:
     return added
 
 
-def register(scripts_data: Iterable[Any]) -> None:
+def refresh_built(xyz_grid: Any, runners: Sequence[Any]) -> int:
+    """Redo, for each ``xyz_grid`` Script of ``runners`` whose ``ui()`` already ran, what that
+    ``ui()`` computes from ``axis_options`` (``current_axis_options``, and the X/Y/Z type choices of
+    its ``api_info``); returns how many Scripts were brought up to date.
+
+    ``axis_options`` is only appended to, so every index ``ui()`` handed out keeps its meaning.
+    """
+    refreshed = 0
+    for runner in runners:
+        for script in getattr(runner, "scripts", None) or []:
+            if not isinstance(script, xyz_grid.Script) or not hasattr(script, "current_axis_options"):
+                continue
+            is_img2img = getattr(script, "is_img2img", False)
+            # As xyz_grid.py Script.ui: type(x) == AxisOption or x.is_img2img == is_img2img.
+            script.current_axis_options = [x for x in xyz_grid.axis_options
+                                           if type(x) == xyz_grid.AxisOption or x.is_img2img == is_img2img]
+            labels = [x.label for x in script.current_axis_options]
+            for arg in getattr(getattr(script, "api_info", None), "args", None) or []:
+                if getattr(arg, "label", None) in ("X type", "Y type", "Z type"):
+                    arg.choices = list(labels)
+            refreshed += 1
+    return refreshed
+
+
+def register(scripts_data: Iterable[Any], runners: Sequence[Any] = ()) -> None:
+    """on_before_ui: add the axes; ``runners`` (``scripts_txt2img``, ``scripts_img2img``; None where
+    not created yet) may hold an ``xyz_grid`` Script whose UI was built before this callback."""
     xyz_grid = find_xyz_module(scripts_data)
-    if xyz_grid is not None:
-        add_axes(xyz_grid)
+    if xyz_grid is not None and add_axes(xyz_grid):
+        refresh_built(xyz_grid, [r for r in runners if r is not None])

@@ -135,12 +135,26 @@ def make_xyz_module():
                      prepare=None):
             self.label, self.type, self.apply, self.confirm, self.choices = label, type, apply, confirm, choices
 
+    class AxisOptionImg2Img(AxisOption):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.is_img2img = True
+
     class Script(wd.Script):
-        pass
+        def ui(self, is_img2img):
+            """xyz_grid.py ``Script.ui``: the axes of this tab, fixed now, and the X/Y/Z type dropdowns'
+            choices, which ``ScriptRunner.create_script_ui_inner`` copies into ``api_info``."""
+            self.current_axis_options = [x for x in xyz.axis_options
+                                         if type(x) == AxisOption or x.is_img2img == is_img2img]
+            labels = [x.label for x in self.current_axis_options]
+            self.api_info = types.SimpleNamespace(
+                args=[types.SimpleNamespace(label=f"{axis} type", choices=list(labels)) for axis in "XYZ"])
+            return []
 
     Script.__module__ = "xyz_grid.py"
-    xyz.AxisOption, xyz.Script = AxisOption, Script
-    xyz.axis_options = [AxisOption("Nothing", str, lambda p, x, xs: None)]
+    xyz.AxisOption, xyz.AxisOptionImg2Img, xyz.Script = AxisOption, AxisOptionImg2Img, Script
+    xyz.axis_options = [AxisOption("Nothing", str, lambda p, x, xs: None),
+                        AxisOptionImg2Img("Image CFG Scale", float, lambda p, x, xs: None)]
     return xyz
 
 
@@ -150,7 +164,7 @@ def test_xyz_axes_set_ratio_and_max_downsample_per_cell(script, host, sd_model):
     host.callbacks.before_ui[0]()
     host.callbacks.before_ui[0]()  # a UI reload must not add the axes twice
     axes = {o.label: o for o in xyz.axis_options}
-    assert [o.label for o in xyz.axis_options][1:] == ["[ToMe] Ratio", "[ToMe] Hires ratio",
+    assert [o.label for o in xyz.axis_options][2:] == ["[ToMe] Ratio", "[ToMe] Hires ratio",
                                                        "[ToMe] Max downsample"]
     assert axes["[ToMe] Max downsample"].choices() == ["1", "2", "4", "8"]
     with pytest.raises(ValueError, match="ratio must be in"):
@@ -164,3 +178,33 @@ def test_xyz_axes_set_ratio_and_max_downsample_per_cell(script, host, sd_model):
     assert "ToMe ratio: 0.25" in info and "ToMe max downsample: 2" in info
     assert not hasattr(p, "tome_overrides")
     assert "ToMe ratio" not in wd.txt2img(p).info
+
+
+def test_xyz_axes_reach_an_xyz_script_whose_ui_was_built_before_on_before_ui(script, host, sd_model):
+    """Started API-only (``--nowebui``), the WebUI builds the UI in ``Api.__init__`` (``ui.create_ui()``)
+    before ``webui.api_only`` runs ``on_before_ui`` (A1111 1.8 c8a5322d; Forge dfdcbab's
+    ``api_only_worker``): xyz_grid's ``Script.ui`` had already fixed the axes ``run`` resolves an index
+    in, and ``/sdapi/v1/script-info`` did not list "[ToMe] Ratio" (seen in the real A1111 1.8.0-RC)."""
+    xyz = make_xyz_module()
+    host.scripts.scripts_data.append(wd.ScriptClassData(xyz.Script, "xyz_grid.py", "", xyz))
+    built = {}
+    for is_img2img in (False, True):  # scripts_txt2img / scripts_img2img, UI built
+        built[is_img2img] = xyz.Script()
+        built[is_img2img].is_img2img = is_img2img
+        built[is_img2img].ui(is_img2img)
+    host.scripts.scripts_txt2img = types.SimpleNamespace(scripts=[script, built[False]])
+    host.scripts.scripts_img2img = types.SimpleNamespace(scripts=[built[True]])
+    host.callbacks.before_ui[0]()
+
+    tome_axes = ["[ToMe] Ratio", "[ToMe] Hires ratio", "[ToMe] Max downsample"]
+    assert [o.label for o in built[False].current_axis_options] == ["Nothing", *tome_axes]
+    assert [o.label for o in built[True].current_axis_options] == ["Nothing", "Image CFG Scale", *tome_axes]
+    for s in built.values():
+        labels = [o.label for o in s.current_axis_options]
+        assert all(arg.choices == labels for arg in s.api_info.args)
+    # An API client picks the axis by its index in the listed choices; run() resolves it the same way.
+    index = built[False].api_info.args[0].choices.index("[ToMe] Ratio")
+    p = make_p(sd_model, host, script, script_args(enabled=False), steps=1)
+    cell = wd.copy_p(p)
+    built[False].current_axis_options[index].apply(cell, 0.25, [0.25])
+    assert "ToMe ratio: 0.25" in wd.txt2img(cell).info

@@ -534,6 +534,8 @@ def install(monkeypatch, gr, opts_defaults: dict | None = None):
     scripts_mod = types.ModuleType("modules.scripts")
     scripts_mod.Script, scripts_mod.AlwaysVisible = Script, AlwaysVisible
     scripts_mod.scripts_data = []
+    # modules/scripts.py globals, ScriptRunners set by create_script_runners() (None until then)
+    scripts_mod.scripts_txt2img = scripts_mod.scripts_img2img = None
     shared_mod = types.ModuleType("modules.shared")
     shared_mod.opts, shared_mod.OptionInfo = opts, OptionInfo
     ui_components = types.ModuleType("modules.ui_components")
