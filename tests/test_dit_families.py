@@ -627,3 +627,40 @@ def test_diffusers_caches_that_skip_an_attention_compose_with_kv(cache, order):
         reduced = model.__dict__[STATE_ATTR].reduced_calls
     assert torch.equal(results[0.0], cached)
     assert reduced > 0 and not torch.equal(results[0.5], cached) and torch.isfinite(results[0.5]).all()
+
+
+def test_ltx2_projects_only_the_kept_video_tokens_for_keys_and_values(monkeypatch):
+    """LTX-2's attention takes its keys' inputs apart (encoder_hidden_states, key_rotary_emb): the video
+    self-attention's key/value projections see only the kept tokens, and the result equals reducing the keys
+    at the attention itself (the table without ``key_inputs``), in float32 and bf16 (split and interleaved RoPE:
+    both keep a token's own rotation)."""
+    import dataclasses
+
+    from tome_core.dit import families
+
+    for dtype, rope in ((torch.float32, "split"), (torch.float32, "interleaved"), (torch.bfloat16, "split")):
+        model, inputs, where = ltx2(batch=2)
+        for block in model.transformer_blocks:
+            block.attn1.rope_type = rope
+        model.rope.rope_type = rope
+        model = model.to(dtype)
+        inputs = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                  for k, v in inputs.items()}
+        rows = []
+        handle = model.transformer_blocks[0].attn1.to_k.register_forward_pre_hook(
+            lambda m, args: rows.append(args[0].shape[1]))
+        apply_patch(model, ratio=0.5, mode="kv", seed=2)
+        cut = run(model, inputs)
+        remove_patch(model)
+        entry = family_of(model)
+        monkeypatch.setitem(families._BY_CLASS, families.class_path(model),
+                            dataclasses.replace(entry, key_inputs=None))
+        apply_patch(model, ratio=0.5, mode="kv", seed=2)
+        whole = run(model, inputs)
+        remove_patch(model)
+        monkeypatch.undo()
+        handle.remove()
+        grid = _length(where)
+        assert rows == [3 * 6 * 3, grid], rows  # 1x2 windows on 3x6x5: kept tokens only; all of them without
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        assert torch.allclose(cut.float(), whole.float(), rtol=tolerance, atol=tolerance), (dtype, rope)

@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..config import ToMeConfig
 from ..hooks import not_compiled
-from .families import FAMILIES, family_of, find_dit, supported_classes, unsupported_dit
+from .families import FAMILIES, KeyInputs, family_of, find_dit, supported_classes, unsupported_dit
 from .grid import TokenLayout
 from .kv import dit_window
 from .state import KVPatchState
@@ -52,6 +52,7 @@ class _KVMode(TorchFunctionMode):
         self.state, self.layout, self.keep, self.where = state, layout, keep, where
         self.sdpa_calls = 0
         self.projections = 0  # F.linear calls: nonzero where the attention computed its q/k/v itself
+        self.kept_before = 0  # the key count where the keys' inputs were already cut to the kept tokens
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
         kwargs = kwargs or {}
@@ -68,6 +69,9 @@ class _KVMode(TorchFunctionMode):
                 if isinstance(mask, torch.Tensor) and mask.shape[-1] == self.layout.length:
                     bound["attn_mask"] = mask.index_select(-1, keep)
                 if not torch.compiler.is_compiling():  # a diagnostic count; in traced code an int guard, a recompile
+                    self.state.reduced_calls += 1
+            elif self.kept_before and key.shape[-2] == self.kept_before == value.shape[-2]:
+                if not torch.compiler.is_compiling():
                     self.state.reduced_calls += 1
             else:
                 self.state.warn_once(f"skip:{self.where}", f"ToMe: {self.where}: keys of length {key.shape[-2]} "
@@ -117,14 +121,41 @@ def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
                      "image": (image, state.keep_for(image, step, device))}
 
 
+def _kept_key_inputs(keys: KeyInputs, layout: TokenLayout, keep: torch.Tensor, args: tuple,
+                     kwargs: dict) -> Optional[dict]:
+    """The call's keywords with the keys' inputs cut to the kept tokens (``KeyInputs``), or None where this call
+    is not a plain self-attention over the layout (its keys are then reduced at the attention itself)."""
+    hidden = kwargs.get("hidden_states", args[0] if args else None)
+    rope = kwargs.get(keys.query_rope)
+    if (set(kwargs) - set(keys.allowed) or kwargs.get(keys.source) is not None or kwargs.get(keys.rope) is not None
+            or kwargs.get("attention_mask") is not None or not isinstance(hidden, torch.Tensor)
+            or hidden.ndim != 3 or hidden.shape[1] != layout.length
+            or not (isinstance(rope, (tuple, list)) and len(rope) == 2
+                    and all(isinstance(part, torch.Tensor) for part in rope))):
+        return None
+    seq = 2 if rope[0].ndim == 4 else 1  # (B, heads, T, r) for split RoPE, (B, T, C) interleaved
+    if any(part.ndim < 2 or part.shape[seq] != layout.length for part in rope):
+        return None
+    keep = keep.to(hidden.device) if keep.device != hidden.device else keep
+    kwargs = dict(kwargs)
+    kwargs[keys.source] = hidden.index_select(1, keep)
+    kwargs[keys.rope] = tuple(part.index_select(seq, keep) for part in rope)
+    return kwargs
+
+
 def _enter(state: DiTState, name: str, kind: str):
-    def pre_hook(module: torch.nn.Module, args: tuple) -> None:
+    def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         if state.current is None:
-            return
+            return None
         layout, keep = state.current[kind]
         mode = _KVMode(state, layout, keep, name)
+        keys = state.family.key_inputs
+        kept = _kept_key_inputs(keys, layout, keep, args, kwargs) if keys is not None else None
+        if kept is not None:
+            mode.kept_before = keep.numel()
         mode.__enter__()
         state.modes[id(module)] = mode
+        return None if kept is None else (args, kept)
     return pre_hook
 
 
@@ -204,7 +235,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[st
     state = DiTState(model, config, modules)
     state.handles.append(model.register_forward_pre_hook(_on_model_call, with_kwargs=True))
     for name, module, kind in modules:
-        state.handles.append(module.register_forward_pre_hook(_enter(state, name, kind)))
+        state.handles.append(module.register_forward_pre_hook(_enter(state, name, kind), with_kwargs=True))
         state.handles.append(module.register_forward_hook(_leave(state), always_call=True))
     model.__dict__[STATE_ATTR] = state
     return state

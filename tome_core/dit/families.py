@@ -50,6 +50,23 @@ class Timestep:
 
 
 @dataclass(frozen=True)
+class KeyInputs:
+    """Keyword inputs through which a hooked self-attention takes its keys apart from its queries (LTX-2's
+    ``LTX2Attention``: ``encoder_hidden_states`` and ``key_rotary_emb``). Handing it only the kept tokens there
+    gives it the same keys, while its key/value projections, key norm and key RoPE run on those tokens alone.
+
+    source: the keys' hidden states; rope / query_rope: the keys' and the queries' rotary embeddings (cos, sin),
+    the kept tokens' taken from the queries'; allowed: the keywords such a call may carry (any other, e.g. a
+    perturbed-attention mask, leaves the call to the reduction at the attention itself).
+    """
+
+    source: str
+    rope: str
+    query_rope: str
+    allowed: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Family:
     """One DiT family in diffusers.
 
@@ -58,6 +75,7 @@ class Family:
         never reduced, the hooked self-attention sees the grid only).
     blocks: block lists in the order they run (the block range's depth order).
     read: the call's grid, text and kept tokens, or None where they cannot be placed (left unreduced).
+    key_inputs: where the self-attention takes its keys' inputs apart (``KeyInputs``), else None.
     """
 
     name: str
@@ -66,6 +84,7 @@ class Family:
     blocks: Tuple[BlockList, ...]
     read: Callable[[torch.nn.Module, dict], Optional[Tokens]]
     timestep: Timestep
+    key_inputs: Optional[KeyInputs] = None
 
     def __post_init__(self) -> None:
         if self.text not in TEXT_PLACES:
@@ -185,10 +204,14 @@ TABLE: Tuple[Family, ...] = (
            (BlockList("transformer_blocks", (("attn1", "image"),)),), readers.ltx_grid(4),
            Timestep(2, "timestep", 1000.0)),
     # LTX-2: the video self-attention only; the audio self-attention and the audio-video cross-attentions
-    # keep every key (not hooked).
+    # keep every key (not hooked). Its attention takes the keys' source and RoPE apart from the queries': the
+    # kept tokens are projected alone.
     Family("ltx2", (_TRANSFORMERS + "transformer_ltx2.LTX2VideoTransformer3DModel",), "separate",
            (BlockList("transformer_blocks", (("attn1", "image"),)),), readers.ltx_grid(10),
-           Timestep(4, "timestep", 1000.0)),
+           Timestep(4, "timestep", 1000.0),
+           KeyInputs("encoder_hidden_states", "key_rotary_emb", "query_rotary_emb",
+                     ("hidden_states", "encoder_hidden_states", "query_rotary_emb", "key_rotary_emb",
+                      "attention_mask"))),
 )
 
 FAMILIES: Dict[str, Family] = {family.name: family for family in TABLE}
