@@ -529,3 +529,34 @@ def test_ltxav_stg_blocks_are_skipped_in_the_block_count(comfy):
     over = [i for i, a in enumerate(vanilla) if a[1].shape[1] == a[0].shape[1] == where["grid"]]
     shortened = [i for i, (a, b) in enumerate(zip(vanilla, patched)) if b[1].shape[1] < a[1].shape[1]]
     assert len(over) == 1 and shortened == over
+
+
+def test_qwen_image_text_mask_follows_the_kept_keys(comfy):
+    """Qwen-Image with a padded prompt (a text attention mask) hands ComfyUI's attention the mask by position
+    (``(q, k, v, heads, mask)``): its key columns are cut with the keys, so every reduced call gets a mask as long
+    as its keys (ComfyUI 2026-08 crashed in the attention before), and the image changes but stays finite."""
+    from test_comfy_dit import OVERRIDE
+
+    patcher, latent, _, where, reduced = qwen_image(comfy)
+    mask = torch.ones(1, 6)
+    mask[0, -2:] = 0
+    cond = _cond(6, 32, attention_mask=mask)
+    seen = []
+
+    def spy(func, *args, **kwargs):
+        given = args[4] if len(args) >= 5 else kwargs.get("mask")
+        if isinstance(given, torch.Tensor):
+            seen.append((args[1].shape[2 if kwargs.get("skip_reshape") else 1], given.shape[-1]))
+        return func(*args, **kwargs)
+
+    base = patcher.clone()
+    base.model_options.setdefault("transformer_options", {})[OVERRIDE] = spy
+    on = patch_dit_model_patcher(base, ToMeConfig(ratio=0.5, mode="kv"))
+    out = sample(comfy, on, latent, cond, steps=1)
+    length = where["prefix"] + where["grid"]
+    shortened = [keys for keys, _ in seen if keys < length]
+    if not seen:
+        pytest.skip("this ComfyUI's Qwen-Image passes no text mask to the attention")
+    assert shortened and len(shortened) % reduced == 0 and all(keys == columns for keys, columns in seen)
+    expected = sample(comfy, patcher, latent, cond, steps=1)
+    assert torch.isfinite(out).all() and not torch.equal(out, expected)

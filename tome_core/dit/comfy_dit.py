@@ -176,9 +176,15 @@ class DiTKVPatch(KVPatchState):
                     args[1], args[2] = k, v
                 else:
                     kwargs["k"], kwargs["v"] = k, v
-                mask = kwargs.get("mask")
+                # ComfyUI's attention functions take (q, k, v, heads, mask=None, ...): Qwen-Image, Lumina 2 and
+                # Ideogram 4 pass the mask by position, the others by keyword.
+                positional = len(args) >= 5
+                mask = args[4] if positional else kwargs.get("mask")
                 if isinstance(mask, torch.Tensor) and mask.shape[-1] == n:
-                    kwargs["mask"] = mask.index_select(-1, kept)
+                    if positional:
+                        args[4] = mask.index_select(-1, kept)
+                    else:
+                        kwargs["mask"] = mask.index_select(-1, kept)
                 if not torch.compiler.is_compiling():  # a diagnostic count; in traced code an int guard, a recompile
                     self.reduced_calls += 1
             if previous is not None:
