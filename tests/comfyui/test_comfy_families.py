@@ -176,6 +176,19 @@ def ltxv(comfy):
         dict(prefix=0, grid=90, suffix=0), 2
 
 
+def ideogram4(comfy, text: bool = True):
+    """Ideogram 4: [text 6, image 5 x 7] in one stream (its 2x2-packed latent: one cell, one token); without text
+    (its unconditional pass) the image alone. The shipped config's sizes are class attributes of
+    supported_models.Ideogram4, which override any unet_config: a subclass carries the reduced ones."""
+    config_cls = _require("comfy.supported_models", "Ideogram4")
+    tiny = type("TinyIdeogram4", (config_cls,), {"unet_extra_config": dict(
+        num_attention_heads=2, attention_head_dim=16, intermediate_size=32, adaln_dim=16, llm_features_dim=32,
+        rope_theta=10000, mrope_section=[4, 2, 2], norm_eps=1e-5)})
+    patcher = _patcher(comfy, tiny, dict(image_model="ideogram4", in_channels=16, num_layers=2))
+    cond = _cond(6, 32) if text else [[None, {}]]
+    return patcher, torch.zeros(1, 16, 5, 7), cond, dict(prefix=6 if text else 0, grid=35, suffix=0), 2
+
+
 def ltxav(comfy, audio_frames: int = 7):
     """LTX-2: a [video 3 x 6 x 5, audio] nested latent (as LTXVConcatAVLatent makes it); the text comes fully
     processed (caption_channels * 2 wide), so the text connectors do not run."""
@@ -288,7 +301,7 @@ def kandinsky5(comfy, image_to_video: bool = False):
 
 
 FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance, "qwen_image": qwen_image,
-            "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "ltxav": ltxav, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
+            "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "ltxav": ltxav, "ideogram4": ideogram4, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
             "wan_animate": wan_animate, "hidream": hidream, "hunyuan_video15": hunyuan_video15,
             "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5, "longcat_image": longcat_image,
             "krea2": krea2, "joyimage": joyimage, "mage_flow": mage_flow}
@@ -431,7 +444,8 @@ def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
     _check_kept(vanilla, patched, where, reduced)
 
 
-@pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv", "ltxav", "hidream", "kandinsky5"])
+@pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv", "ltxav", "ideogram4", "hidream",
+                                    "kandinsky5"])
 def test_block_range_reduces_the_second_half(comfy, family):
     patcher, latent, cond, where, reduced = FAMILIES[family](comfy)
     vanilla = _spied(comfy, patcher, latent, cond)
@@ -531,13 +545,15 @@ def test_ltxav_stg_blocks_are_skipped_in_the_block_count(comfy):
     assert len(over) == 1 and shortened == over
 
 
-def test_qwen_image_text_mask_follows_the_kept_keys(comfy):
-    """Qwen-Image with a padded prompt (a text attention mask) hands ComfyUI's attention the mask by position
-    (``(q, k, v, heads, mask)``): its key columns are cut with the keys, so every reduced call gets a mask as long
-    as its keys (ComfyUI 2026-08 crashed in the attention before), and the image changes but stays finite."""
+@pytest.mark.parametrize("family", ["qwen_image", "ideogram4"])
+def test_text_mask_follows_the_kept_keys(comfy, family):
+    """A padded prompt (a text attention mask): Qwen-Image and Ideogram 4 hand ComfyUI's attention the mask by
+    position (``(q, k, v, heads, mask)``); its key columns are cut with the keys, so every reduced call gets a mask
+    as long as its keys (on the 2026-08 ComfyUI Qwen-Image crashed in the attention before), and the image changes
+    but stays finite."""
     from test_comfy_dit import OVERRIDE
 
-    patcher, latent, _, where, reduced = qwen_image(comfy)
+    patcher, latent, _, where, reduced = FAMILIES[family](comfy)
     mask = torch.ones(1, 6)
     mask[0, -2:] = 0
     cond = _cond(6, 32, attention_mask=mask)
@@ -556,7 +572,19 @@ def test_qwen_image_text_mask_follows_the_kept_keys(comfy):
     length = where["prefix"] + where["grid"]
     shortened = [keys for keys, _ in seen if keys < length]
     if not seen:
-        pytest.skip("this ComfyUI's Qwen-Image passes no text mask to the attention")
+        pytest.skip(f"this ComfyUI's {family} passes no text mask to the attention")
     assert shortened and len(shortened) % reduced == 0 and all(keys == columns for keys, columns in seen)
     expected = sample(comfy, patcher, latent, cond, steps=1)
     assert torch.isfinite(out).all() and not torch.equal(out, expected)
+
+
+def test_ideogram4_call_without_text_is_the_image_alone(comfy):
+    """Ideogram 4 runs its unconditional pass without text ([image] alone): that call's layout is the grid with no
+    prefix, not an unknown one."""
+    from tome_core.dit.comfy_families import token_layout
+
+    patcher, latent, cond, where, _ = ideogram4(comfy)
+    model = patcher.model.diffusion_model
+    alone, joint = token_layout(model, latent, None, {}), token_layout(model, latent, cond[0][0], {})
+    assert (alone.prefix, alone.grid_tokens, alone.length) == (0, 35, 35)
+    assert (joint.prefix, joint.grid_tokens, joint.length) == (6, 35, 41)

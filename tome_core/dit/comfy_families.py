@@ -13,7 +13,7 @@ import importlib
 import inspect
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -56,7 +56,9 @@ class ComfyFamily:
     blocks: the block lists in the order they run (the block range's depth order).
     reports_blocks: the model sets transformer_options["block_type"/"block_index"] around each block,
         so a call's block is read, not counted; tokens after the grid (references) then keep every key.
-    patch: attribute path of the patch size on the diffusion model.
+    patch: attribute path of the patch size on the diffusion model, or the size itself (Ideogram 4's latent comes
+        packed: one latent cell is one token).
+    text_optional: a call without text runs the grid alone (Ideogram 4's unconditional pass), not an unknown layout.
     pad_multiple: attribute holding the multiple the caption and the image are each padded to (Z-Image);
         the caption padding joins the prefix, the image padding is kept after the grid.
     image_frames: the latent may carry a frame axis of size 1 ([B, C, 1, H, W]: Qwen-Image's Wan 2.1-format
@@ -91,7 +93,8 @@ class ComfyFamily:
     text: str
     blocks: Tuple[ComfyBlocks, ...]
     reports_blocks: bool = False
-    patch: str = "patch_size"
+    patch: Union[str, int] = "patch_size"
+    text_optional: bool = False
     pad_multiple: Optional[str] = None
     image_frames: bool = False
     conditioning: Optional[str] = None
@@ -152,6 +155,10 @@ TABLE: Tuple[ComfyFamily, ...] = (
     # dropped DoubleStreamBlock's flipped_img_txt and runs [text, reference, image]: the grid ends the sequence.
     ComfyFamily("hunyuan_video", ("comfy.ldm.hunyuan_video.model.HunyuanVideo",), "last", _DOUBLE_SINGLE,
                 reports_blocks=True, grid_last_without=("comfy.ldm.flux.layers.DoubleStreamBlock", "flipped_img_txt")),
+    # Ideogram 4 (2026-08 ComfyUIs): one stream [text, image], or the image alone in a call without text; its
+    # 128-channel latent is already packed 2x2, so a latent cell is a token. No block reports: counted.
+    ComfyFamily("ideogram4", ("comfy.ldm.ideogram4.model.Ideogram4Transformer2DModel",), "first",
+                (ComfyBlocks("layers", "layers"),), patch=1, text_optional=True),
     # Lumina 2 and Z-Image: [caption (+ padding), image (+ padding)] in the main layers; the refiners see
     # the caption or the image alone (other lengths: never reduced).
     ComfyFamily("lumina2", ("comfy.ldm.lumina.model.NextDiT",), "first", (ComfyBlocks("layers", "layers"),),
@@ -211,7 +218,7 @@ def grid_last(diffusion_model: Any) -> bool:
 def supported_names() -> str:
     return ("Flux.1/Flux.2/Kontext/LongCat-Image, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), "
             "Wan 2.x (WanModel, VACE, Camera, HuMo, Animate), HiDream I1, Kandinsky 5, Krea 2, JoyImage, Mage-Flow, "
-            "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV), LTX-2 (LTXAV)")
+            "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV), LTX-2 (LTXAV), Ideogram 4")
 
 
 def _attr_path(obj: Any, path: str) -> Any:
@@ -225,7 +232,8 @@ def token_grid(diffusion_model: Any, latent: torch.Tensor, padded: bool = True) 
     (``padded``), else the patch conv drops what does not fill one. A 4-d latent of a video model (a reference
     image) is patched on its last two axes."""
     entry = family_of(diffusion_model)
-    patch = None if entry is None else _attr_path(base_model(diffusion_model), entry.patch)
+    patch = None if entry is None else entry.patch if isinstance(entry.patch, int) else \
+        _attr_path(base_model(diffusion_model), entry.patch)
     if patch is None:
         return None
     if entry.image_frames and latent.ndim == 5:
@@ -309,7 +317,7 @@ def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.
         ref_grid = token_grid(diffusion_model, reference)
         return None if ref_grid is None else TokenLayout(grid, prefix=math.prod(ref_grid))
     if context is None:
-        return None
+        return TokenLayout(grid) if entry.text_optional else None
     multiple = int(getattr(model, entry.pad_multiple, 0) or 0) if entry.pad_multiple else 0
     text = context.shape[1] + _padding(context.shape[1], multiple)
     prefix = text + int(getattr(model, "register_length", 0) or 0)
