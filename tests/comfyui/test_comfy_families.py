@@ -189,6 +189,16 @@ def ideogram4(comfy, text: bool = True):
     return patcher, torch.zeros(1, 16, 5, 7), cond, dict(prefix=6 if text else 0, grid=35, suffix=0), 2
 
 
+def lens(comfy):
+    """Lens: [image 5 x 7, text 6] in one joint attention, blocks reported; a packed latent (one cell, one token);
+    multi-layer text features (2 layers of 16, concatenated) as ComfyUI's text encoder hands them over."""
+    config_cls = _require("comfy.supported_models", "Lens")
+    patcher = _patcher(comfy, config_cls, dict(
+        image_model="lens", in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+        enc_hidden_dim=16, axes_dims_rope=(4, 6, 6), selected_layer_index=(0, 1)))
+    return patcher, torch.zeros(1, 16, 5, 7), _cond(6, 32), dict(prefix=0, grid=35, suffix=6), 2
+
+
 def ltxav(comfy, audio_frames: int = 7):
     """LTX-2: a [video 3 x 6 x 5, audio] nested latent (as LTXVConcatAVLatent makes it); the text comes fully
     processed (caption_channels * 2 wide), so the text connectors do not run."""
@@ -301,7 +311,7 @@ def kandinsky5(comfy, image_to_video: bool = False):
 
 
 FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance, "qwen_image": qwen_image,
-            "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "ltxav": ltxav, "ideogram4": ideogram4, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
+            "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "ltxav": ltxav, "ideogram4": ideogram4, "lens": lens, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
             "wan_animate": wan_animate, "hidream": hidream, "hunyuan_video15": hunyuan_video15,
             "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5, "longcat_image": longcat_image,
             "krea2": krea2, "joyimage": joyimage, "mage_flow": mage_flow}
@@ -444,8 +454,8 @@ def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
     _check_kept(vanilla, patched, where, reduced)
 
 
-@pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv", "ltxav", "ideogram4", "hidream",
-                                    "kandinsky5"])
+@pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv", "ltxav", "ideogram4", "lens",
+                                    "hidream", "kandinsky5"])
 def test_block_range_reduces_the_second_half(comfy, family):
     patcher, latent, cond, where, reduced = FAMILIES[family](comfy)
     vanilla = _spied(comfy, patcher, latent, cond)
@@ -545,12 +555,12 @@ def test_ltxav_stg_blocks_are_skipped_in_the_block_count(comfy):
     assert len(over) == 1 and shortened == over
 
 
-@pytest.mark.parametrize("family", ["qwen_image", "ideogram4"])
+@pytest.mark.parametrize("family", ["qwen_image", "ideogram4", "lens"])
 def test_text_mask_follows_the_kept_keys(comfy, family):
     """A padded prompt (a text attention mask): Qwen-Image and Ideogram 4 hand ComfyUI's attention the mask by
     position (``(q, k, v, heads, mask)``); its key columns are cut with the keys, so every reduced call gets a mask
-    as long as its keys (on the 2026-08 ComfyUI Qwen-Image crashed in the attention before), and the image changes
-    but stays finite."""
+    as long as its keys (on the 2026-08 ComfyUI Qwen-Image crashed in the attention before; Lens passes it by
+    keyword), and the image changes but stays finite."""
     from test_comfy_dit import OVERRIDE
 
     patcher, latent, _, where, reduced = FAMILIES[family](comfy)

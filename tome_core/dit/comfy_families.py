@@ -159,6 +159,10 @@ TABLE: Tuple[ComfyFamily, ...] = (
     # 128-channel latent is already packed 2x2, so a latent cell is a token. No block reports: counted.
     ComfyFamily("ideogram4", ("comfy.ldm.ideogram4.model.Ideogram4Transformer2DModel",), "first",
                 (ComfyBlocks("layers", "layers"),), patch=1, text_optional=True),
+    # Lens (2026-08 ComfyUIs): [image, text] joint attention, blocks reported; its latent comes packed (Flux.2's
+    # 128 channels): one latent cell is one token. The text (and its mask) after the grid keeps every key.
+    ComfyFamily("lens", ("comfy.ldm.lens.model.LensTransformer2DModel",), "last",
+                (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, patch=1),
     # Lumina 2 and Z-Image: [caption (+ padding), image (+ padding)] in the main layers; the refiners see
     # the caption or the image alone (other lengths: never reduced).
     ComfyFamily("lumina2", ("comfy.ldm.lumina.model.NextDiT",), "first", (ComfyBlocks("layers", "layers"),),
@@ -218,7 +222,7 @@ def grid_last(diffusion_model: Any) -> bool:
 def supported_names() -> str:
     return ("Flux.1/Flux.2/Kontext/LongCat-Image, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), "
             "Wan 2.x (WanModel, VACE, Camera, HuMo, Animate), HiDream I1, Kandinsky 5, Krea 2, JoyImage, Mage-Flow, "
-            "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV), LTX-2 (LTXAV), Ideogram 4")
+            "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV), LTX-2 (LTXAV), Ideogram 4, Lens")
 
 
 def _attr_path(obj: Any, path: str) -> Any:
