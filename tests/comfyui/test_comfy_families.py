@@ -199,6 +199,18 @@ def lens(comfy):
     return patcher, torch.zeros(1, 16, 5, 7), _cond(6, 32), dict(prefix=0, grid=35, suffix=6), 2
 
 
+def anima(comfy):
+    """Anima: self-attention over a 1 x 5 x 7 grid (a 1 x 9 x 13 latent padded to the 2 x 2 patch: odd sides), the
+    text (already adapted: no t5xxl_ids, so its LLM adapter does not run) through cross-attention."""
+    config_cls = _require("comfy.supported_models", "Anima")
+    patcher = _patcher(comfy, config_cls, dict(
+        image_model="anima", max_img_h=16, max_img_w=16, max_frames=4, in_channels=16, out_channels=16,
+        patch_spatial=2, patch_temporal=1, concat_padding_mask=True, model_channels=32, num_blocks=2, num_heads=2,
+        crossattn_emb_channels=32, pos_emb_cls="rope3d", pos_emb_learnable=True, use_adaln_lora=True,
+        adaln_lora_dim=16))
+    return patcher, torch.zeros(1, 16, 1, 9, 13), _cond(6, 32), dict(prefix=0, grid=35, suffix=0), 2
+
+
 def ltxav(comfy, audio_frames: int = 7):
     """LTX-2: a [video 3 x 6 x 5, audio] nested latent (as LTXVConcatAVLatent makes it); the text comes fully
     processed (caption_channels * 2 wide), so the text connectors do not run."""
@@ -311,7 +323,7 @@ def kandinsky5(comfy, image_to_video: bool = False):
 
 
 FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance, "qwen_image": qwen_image,
-            "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "ltxav": ltxav, "ideogram4": ideogram4, "lens": lens, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
+            "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "ltxav": ltxav, "ideogram4": ideogram4, "lens": lens, "anima": anima, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
             "wan_animate": wan_animate, "hidream": hidream, "hunyuan_video15": hunyuan_video15,
             "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5, "longcat_image": longcat_image,
             "krea2": krea2, "joyimage": joyimage, "mage_flow": mage_flow}
@@ -455,7 +467,7 @@ def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
 
 
 @pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv", "ltxav", "ideogram4", "lens",
-                                    "hidream", "kandinsky5"])
+                                    "anima", "hidream", "kandinsky5"])
 def test_block_range_reduces_the_second_half(comfy, family):
     patcher, latent, cond, where, reduced = FAMILIES[family](comfy)
     vanilla = _spied(comfy, patcher, latent, cond)

@@ -56,8 +56,8 @@ class ComfyFamily:
     blocks: the block lists in the order they run (the block range's depth order).
     reports_blocks: the model sets transformer_options["block_type"/"block_index"] around each block,
         so a call's block is read, not counted; tokens after the grid (references) then keep every key.
-    patch: attribute path of the patch size on the diffusion model, or the size itself (Ideogram 4's latent comes
-        packed: one latent cell is one token).
+    patch: attribute path of the patch size on the diffusion model, one such path per latent axis (Anima: temporal,
+        spatial, spatial), or the size itself (Ideogram 4's latent comes packed: one latent cell is one token).
     text_optional: a call without text runs the grid alone (Ideogram 4's unconditional pass), not an unknown layout.
     pad_multiple: attribute holding the multiple the caption and the image are each padded to (Z-Image);
         the caption padding joins the prefix, the image padding is kept after the grid.
@@ -93,7 +93,7 @@ class ComfyFamily:
     text: str
     blocks: Tuple[ComfyBlocks, ...]
     reports_blocks: bool = False
-    patch: Union[str, int] = "patch_size"
+    patch: Union[str, Tuple[str, ...], int] = "patch_size"
     text_optional: bool = False
     pad_multiple: Optional[str] = None
     image_frames: bool = False
@@ -163,6 +163,11 @@ TABLE: Tuple[ComfyFamily, ...] = (
     # 128 channels): one latent cell is one token. The text (and its mask) after the grid keeps every key.
     ComfyFamily("lens", ("comfy.ldm.lens.model.LensTransformer2DModel",), "last",
                 (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, patch=1),
+    # Anima (2026-08 ComfyUIs; Cosmos Predict 2's MiniTrainDIT with an LLM adapter for its text): self-attention over
+    # the (t, h, w) grid alone, cross-attention to the text; its latent is padded to the patch. Cosmos Predict 2
+    # itself (video-to-world conditioning frames inside the grid) is not in the table.
+    ComfyFamily("anima", ("comfy.ldm.anima.model.Anima",), "separate", (ComfyBlocks("blocks", "blocks"),),
+                patch=("patch_temporal", "patch_spatial", "patch_spatial")),
     # Lumina 2 and Z-Image: [caption (+ padding), image (+ padding)] in the main layers; the refiners see
     # the caption or the image alone (other lengths: never reduced).
     ComfyFamily("lumina2", ("comfy.ldm.lumina.model.NextDiT",), "first", (ComfyBlocks("layers", "layers"),),
@@ -222,7 +227,7 @@ def grid_last(diffusion_model: Any) -> bool:
 def supported_names() -> str:
     return ("Flux.1/Flux.2/Kontext/LongCat-Image, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), "
             "Wan 2.x (WanModel, VACE, Camera, HuMo, Animate), HiDream I1, Kandinsky 5, Krea 2, JoyImage, Mage-Flow, "
-            "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV), LTX-2 (LTXAV), Ideogram 4, Lens")
+            "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV), LTX-2 (LTXAV), Ideogram 4, Lens, Anima")
 
 
 def _attr_path(obj: Any, path: str) -> Any:
@@ -236,8 +241,14 @@ def token_grid(diffusion_model: Any, latent: torch.Tensor, padded: bool = True) 
     (``padded``), else the patch conv drops what does not fill one. A 4-d latent of a video model (a reference
     image) is patched on its last two axes."""
     entry = family_of(diffusion_model)
-    patch = None if entry is None else entry.patch if isinstance(entry.patch, int) else \
-        _attr_path(base_model(diffusion_model), entry.patch)
+    model = base_model(diffusion_model)
+    if entry is None:
+        patch = None
+    elif isinstance(entry.patch, tuple):
+        patch = [_attr_path(model, path) for path in entry.patch]
+        patch = None if any(p is None for p in patch) else patch
+    else:
+        patch = entry.patch if isinstance(entry.patch, int) else _attr_path(model, entry.patch)
     if patch is None:
         return None
     if entry.image_frames and latent.ndim == 5:
