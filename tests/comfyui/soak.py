@@ -68,9 +68,8 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def schedule(count: int, ckpts: List[str]) -> List[Tuple[str, str]]:
+def schedule(count: int, ckpts: List[str], names: List[str]) -> List[Tuple[str, str]]:
     """(setting, checkpoint) per prompt: the checkpoint alternates every prompt, the setting every two."""
-    names = list(SETTINGS)
     return [(names[(i // 2) % len(names)], ckpts[i % 2]) for i in range(count)]
 
 
@@ -120,11 +119,18 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=20, help="prompts before the memory baseline")
     parser.add_argument("--out", default="docs/results/comfy_soak")
+    parser.add_argument("--settings", default=",".join(SETTINGS),
+                        help="comma-separated settings to alternate (default: all; 'off' alone: the server's own "
+                             "baseline without ToMe)")
     args = parser.parse_args(argv)
+    names = [name.strip() for name in args.settings.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SETTINGS]
+    if unknown or not names:
+        parser.error(f"--settings: unknown {unknown}; choose from {list(SETTINGS)}")
     cache = Path(os.environ.get("TOME_COMFY_CACHE", ".cache/comfy")).resolve()
     cache.mkdir(parents=True, exist_ok=True)
     ckpts = checkpoints(cache)
-    plan = schedule(args.prompts, ckpts)
+    plan = schedule(args.prompts, ckpts, names)
     started = time.monotonic()
     solo = solo_images(cache, sorted(set(plan)))
     server = start_server(cache)
@@ -140,9 +146,10 @@ def main(argv=None) -> int:
     baseline = statistics.median(rss[args.warmup - 5:args.warmup])
     final = statistics.median(rss[-5:])
     growth = final - baseline
-    distinct_off = {s: bool(np.array_equal(solo[(s, ckpts[0])], solo[("off", ckpts[0])])) for s in SETTINGS}
+    distinct_off = {s: bool(np.array_equal(solo[(s, ckpts[0])], solo[("off", ckpts[0])]))
+                    for s in names if ("off", ckpts[0]) in solo}
     report = {
-        "comfyui": comfyui_version(), "prompts": args.prompts, "warmup": args.warmup,
+        "comfyui": comfyui_version(), "prompts": args.prompts, "warmup": args.warmup, "settings": names,
         "schedule": [list(p) for p in plan], "rss_mb": [round(v, 1) for v in rss],
         "rss_after_warmup_mb": round(baseline, 1), "rss_final_mb": round(final, 1),
         "growth_after_warmup_mb": round(growth, 1), "growth_limit_mb": GROWTH_LIMIT_MB,
