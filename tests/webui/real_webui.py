@@ -4,22 +4,28 @@ user's client drives it (not collected by pytest; CI cannot run a real WebUI).
 It neither builds nor downloads the WebUI. Start one yourself (API only, ToMe installed as
 ``extensions/tome`` -> this repository), with the two tiny checkpoints this tool writes:
 
-    # 1. test data: two random-weight SD1.5-layout checkpoints (small UNet and VAE, a 2-layer
-    #    CLIP-L text encoder), each with its <name>.yaml, and the text encoder's tokenizer/config
-    #    (run with the WebUI's Python; --ldm is the WebUI's Stability-AI stablediffusion checkout)
+    # 1. test data (real_webui_checkpoints.py): two random-weight SD1.5-layout checkpoints (small
+    #    UNet and VAE, a 2-layer CLIP-L text encoder), each with its <name>.yaml, and the text
+    #    encoder's tokenizer/config; --full-size for Forge (run with the WebUI's Python; --ldm is
+    #    the WebUI's Stability-AI stablediffusion checkout)
     <webui>/venv/bin/python tests/webui/real_webui.py checkpoints --out <webui>/models/Stable-diffusion \\
         --ldm <webui>/repositories/stable-diffusion-stability-ai --tokenizer <ComfyUI>/comfy/sd1_tokenizer
     # 2. the WebUI, e.g. AUTOMATIC1111 1.8.0-RC on CPU
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 <webui>/venv/bin/python launch.py --skip-prepare-environment \\
         --api --nowebui --skip-torch-cuda-test --use-cpu all --no-half --server-name 127.0.0.1 --port 7861
+    #    or Forge (checkpoints written with --full-size)
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 <forge>/venv/bin/python launch.py --skip-prepare-environment \\
+        --always-cpu --api --nowebui --server-name 127.0.0.1 --port 7862
     # 3. the checks (any Python with numpy and Pillow; the WebUI's is fine)
     <webui>/venv/bin/python tests/webui/real_webui.py run --url http://127.0.0.1:7861 --pid <server pid> \\
-        --host a1111 --out docs/results [--checks skip,switch,hires,xyz,soak] [--prompts 100]
+        --host a1111 --host-version "1.8.0-RC c8a5322d" --out docs/results \\
+        [--checks skip,switch,hires,xyz,soak] [--prompts 100]
+    # Forge, whose full-size model is slower on CPU: --host forge --skip-steps 12 --skip-size 128
 
 The checks (every comparison is of the decoded PNG pixels, exact):
 
-- skip: ``/sdapi/v1/skip`` sent halfway through a long ToMe job; afterwards a plain and a ToMe run
-  equal the same runs made before it.
+- skip: ``/sdapi/v1/skip`` sent halfway through a long ToMe job, whose image then differs from the
+  same job run to the end; afterwards a plain and a ToMe run equal the same runs made before it.
 - switch: the checkpoint switched per request (``override_settings``) with ToMe on; each image
   equals that checkpoint's run made after switching with ``/sdapi/v1/options``; ToMe acted.
 - hires: hires fix with ``n_iter`` 3 in one job, ToMe with its own hires ratio; each image equals
@@ -39,7 +45,6 @@ import argparse
 import base64
 import io
 import json
-import shutil
 import statistics
 import sys
 import threading
@@ -50,9 +55,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+from real_webui_checkpoints import CHECKPOINTS, write_checkpoints  # noqa: E402
+
 GROWTH_LIMIT_MB = 50.0
-CHECKPOINTS = ("tome_tiny_sd15_seed0.safetensors", "tome_tiny_sd15_seed1.safetensors")
 PROMPT = "a photo of a cat sitting on a wooden chair"
 CHECKS = ("skip", "switch", "hires", "xyz", "soak")
 
@@ -83,139 +92,6 @@ SOAK_SETTINGS: Dict[str, Optional[List[Any]]] = {
     "merge 0.6 no-rand ds2": tome_args(ratio=0.6, use_rand=False, max_downsample="2"),
     "kv 0.75 avg": tome_args(ratio=0.75, mode="kv", kv_downsample="avg"),
 }
-
-
-# ---------------------------------------------------------------------------------------------
-# Test data: the two checkpoints
-# ---------------------------------------------------------------------------------------------
-
-YAML = """model:
-  target: ldm.models.diffusion.ddpm.LatentDiffusion
-  params:
-    linear_start: 0.00085
-    linear_end: 0.0120
-    num_timesteps_cond: 1
-    log_every_t: 200
-    timesteps: 1000
-    first_stage_key: "jpg"
-    cond_stage_key: "txt"
-    image_size: 64
-    channels: 4
-    cond_stage_trainable: false
-    conditioning_key: crossattn
-    monitor: val/loss_simple_ema
-    scale_factor: 0.18215
-    use_ema: False
-    unet_config:
-      target: ldm.modules.diffusionmodules.openaimodel.UNetModel
-      params:
-        image_size: 32
-        in_channels: 4
-        out_channels: 4
-        model_channels: 32
-        attention_resolutions: [ 4, 2, 1 ]
-        num_res_blocks: 2
-        channel_mult: [ 1, 2, 4, 4 ]
-        num_heads: 4
-        use_spatial_transformer: True
-        transformer_depth: 1
-        context_dim: 768
-        use_checkpoint: True
-        legacy: False
-    first_stage_config:
-      target: ldm.models.autoencoder.AutoencoderKL
-      params:
-        embed_dim: 4
-        monitor: val/rec_loss
-        ddconfig:
-          double_z: true
-          z_channels: 4
-          resolution: 256
-          in_channels: 3
-          out_ch: 3
-          ch: 32
-          ch_mult: [ 1, 2, 4, 4 ]
-          num_res_blocks: 1
-          attn_resolutions: []
-          dropout: 0.0
-        lossconfig:
-          target: torch.nn.Identity
-    cond_stage_config:
-      target: ldm.modules.encoders.modules.FrozenCLIPEmbedder
-      params:
-        version: {clip_dir}
-"""
-
-# ComfyUI's comfy/sd1_clip_config.json (CLIP-L text model) with 2 of its 12 layers.
-CLIP_CONFIG = {
-    "_name_or_path": "openai/clip-vit-large-patch14", "architectures": ["CLIPTextModel"],
-    "attention_dropout": 0.0, "bos_token_id": 0, "dropout": 0.0, "eos_token_id": 49407,
-    "hidden_act": "quick_gelu", "hidden_size": 768, "initializer_factor": 1.0, "initializer_range": 0.02,
-    "intermediate_size": 3072, "layer_norm_eps": 1e-05, "max_position_embeddings": 77,
-    "model_type": "clip_text_model", "num_attention_heads": 12, "num_hidden_layers": 2, "pad_token_id": 1,
-    "projection_dim": 768, "torch_dtype": "float32", "vocab_size": 49408,
-}
-
-
-def reinit_zero_layers(module: Any, seed: int) -> None:
-    """LDM zero-initialises proj_out, each ResBlock's last conv and the output conv; give them
-    PyTorch's default init so the attention ToMe merges reaches the image (as webui_helpers)."""
-    import torch
-
-    torch.manual_seed(seed + 1)
-    for m in module.modules():
-        weight = getattr(m, "weight", None)
-        if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Linear)) and not weight.any():
-            m.reset_parameters()
-
-
-def full_size(yaml: str) -> str:
-    """SD1.5's own sizes (configs/v1-inference.yaml): a 320-channel UNet, 128-channel VAE, 12-layer
-    CLIP-L. Forge recognises a checkpoint from its state dict (huggingface_guess) and refuses the
-    small UNet, so for Forge the checkpoints are full size (and need no yaml)."""
-    return (yaml.replace("model_channels: 32", "model_channels: 320").replace("num_heads: 4", "num_heads: 8")
-            .replace("ch: 32", "ch: 128").replace("num_res_blocks: 1", "num_res_blocks: 2"))
-
-
-def write_checkpoints(out: Path, ldm_root: Path, tokenizer: Path, full: bool = False) -> List[Path]:
-    """Write the two checkpoints (seeds 0 and 1, fp16), their yaml and the text encoder's folder."""
-    sys.path.insert(0, str(ldm_root))
-    import torch
-    from omegaconf import OmegaConf
-    from safetensors.torch import save_file
-    from transformers import CLIPTextConfig, CLIPTextModel
-    from ldm.util import instantiate_from_config
-
-    out.mkdir(parents=True, exist_ok=True)
-    clip_dir = out / "tome_tiny_clip"
-    clip_dir.mkdir(exist_ok=True)
-    for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(tokenizer / name, clip_dir / name)
-    clip_config = {**CLIP_CONFIG, "num_hidden_layers": 12} if full else CLIP_CONFIG
-    (clip_dir / "config.json").write_text(json.dumps(clip_config, indent=1) + "\n")
-    yaml = YAML.format(clip_dir=clip_dir.resolve())
-    yaml = full_size(yaml) if full else yaml
-    params = OmegaConf.create(yaml).model.params
-    written = []
-    for seed, name in enumerate(CHECKPOINTS):
-        torch.manual_seed(seed)
-        parts = {
-            "model.diffusion_model.": instantiate_from_config(params.unet_config),
-            "first_stage_model.": instantiate_from_config(params.first_stage_config),
-            "cond_stage_model.transformer.": CLIPTextModel(CLIPTextConfig(**clip_config)),
-        }
-        state = {}
-        for prefix, module in parts.items():
-            reinit_zero_layers(module, seed)
-            for key, value in module.state_dict().items():
-                value = value.half() if value.is_floating_point() else value
-                state[prefix + key] = value.contiguous()
-        path = out / name
-        save_file(state, str(path))
-        if not full:
-            path.with_suffix(".yaml").write_text(yaml)
-        written.append(path)
-    return written
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,7 +308,8 @@ def check_xyz(client: Client, ckpt: str, ratios: Sequence[float] = (0.25, 0.5, 0
     script_args = [axis, ", ".join(str(r) for r in ratios), [], 0, "", [], 0, "", [],
                    True, True, False, False, False, False, False, 0, False]
     # ToMe's accordion off: the axis must turn it on for each cell.
-    grid = client.txt2img(payload(tome_args(enabled=False), script_name="x/y/z plot", script_args=script_args))
+    grid = client.txt2img(payload(tome_args(enabled=False), script_name="x/y/z plot",
+                                  script_args=script_args))
     cells_images, cells_infotexts = grid.images[1:], grid.infotexts[1:]  # [0] is the grid
     rows = []
     plain = client.txt2img(payload(None)).images[0]
@@ -446,7 +323,8 @@ def check_xyz(client: Client, ckpt: str, ratios: Sequence[float] = (0.25, 0.5, 0
         })
     details = {"axis_index": axis, "images_returned": len(grid.images), "cells": rows}
     passed = len(cells_images) == len(ratios) and all(
-        r["image_equals_single_run"] and r["infotext_equals_single_run"] and r["tome_vs_plain_max_abs_diff"] > 0
+        r["image_equals_single_run"] and r["infotext_equals_single_run"]
+        and r["tome_vs_plain_max_abs_diff"] > 0
         for r in rows)
     return passed, details
 
@@ -484,7 +362,8 @@ def check_soak(client: Client, pid: int, prompts: int, warmup: int, host: str, h
     growth = final - baseline
     equals_off = {s: equal(solo[(s, CHECKPOINTS[0])], solo[("off", CHECKPOINTS[0])]) for s in SOAK_SETTINGS}
     report = {
-        "host": host, "host_version": host_version, "prompts": prompts, "warmup": warmup, "settings": {k: v for k, v in SOAK_SETTINGS.items()},
+        "host": host, "host_version": host_version, "prompts": prompts, "warmup": warmup,
+        "settings": dict(SOAK_SETTINGS),
         "checkpoints": list(CHECKPOINTS), "schedule": [list(p) for p in plan],
         "rss_mb": [round(v, 1) for v in rss], "rss_after_warmup_mb": round(baseline, 1),
         "rss_final_mb": round(final, 1), "growth_after_warmup_mb": round(growth, 1),
@@ -570,8 +449,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     ck = sub.add_parser("checkpoints", help="write the two tiny checkpoints and their yaml")
     ck.add_argument("--out", type=Path, required=True)
-    ck.add_argument("--ldm", type=Path, required=True, help="the folder holding ldm/ (Stability-AI stablediffusion)")
-    ck.add_argument("--tokenizer", type=Path, required=True, help="a CLIP-L tokenizer folder (ComfyUI's sd1_tokenizer)")
+    ck.add_argument("--ldm", type=Path, required=True,
+                    help="the folder holding ldm/ (Stability-AI stablediffusion)")
+    ck.add_argument("--tokenizer", type=Path, required=True,
+                    help="a CLIP-L tokenizer folder (ComfyUI's sd1_tokenizer)")
     ck.add_argument("--full-size", action="store_true", help="SD1.5's own sizes, no yaml (for Forge)")
     run = sub.add_parser("run", help="run the checks against a running WebUI")
     run.add_argument("--url", default="http://127.0.0.1:7861")
@@ -593,8 +474,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     unknown = set(checks) - set(CHECKS)
     if unknown:
         parser.error(f"unknown checks {sorted(unknown)}")
-    ok = run_checks(Client(args.url), args.pid, args.host, args.host_version, args.out, checks, args.prompts, args.warmup,
-                    args.skip_steps, args.skip_size)
+    ok = run_checks(Client(args.url), args.pid, args.host, args.host_version, args.out, checks,
+                    args.prompts, args.warmup, args.skip_steps, args.skip_size)
     return 0 if ok else 1
 
 
