@@ -25,8 +25,10 @@ from typing import Dict, List, Tuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
 import comfy_env  # noqa: E402
+from rss_chart import write_rss_svg  # noqa: E402
 import numpy as np  # noqa: E402
 
 GROWTH_LIMIT_MB = 50.0
@@ -89,25 +91,6 @@ def solo_images(cache: Path, pairs: List[Tuple[str, str]]) -> Dict[Tuple[str, st
     return images
 
 
-def write_svg(path: Path, rss: List[float], warmup: int) -> None:
-    """A small line chart of the RSS curve (no plotting library in the ComfyUI venv)."""
-    width, height, pad = 640, 240, 40
-    low, high = min(rss) - 5, max(rss) + 5
-    x = lambda i: pad + (width - 2 * pad) * i / max(1, len(rss) - 1)
-    y = lambda v: height - pad - (height - 2 * pad) * (v - low) / (high - low)
-    points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(rss))
-    path.write_text(
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-        f'font-size="11">\n<rect width="100%" height="100%" fill="white"/>\n'
-        f'<line x1="{x(warmup - 1):.1f}" y1="{pad}" x2="{x(warmup - 1):.1f}" y2="{height - pad}" stroke="#bbb" '
-        f'stroke-dasharray="4"/>\n<text x="{x(warmup - 1) + 4:.1f}" y="{pad + 10}" fill="#777">end of warm-up</text>\n'
-        f'<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="{points}"/>\n'
-        f'<text x="{pad}" y="{pad - 12}">ComfyUI server RSS (MB) after each of {len(rss)} prompts with ToMe</text>\n'
-        f'<text x="4" y="{y(high - 5) + 4:.1f}">{high - 5:.0f}</text>\n'
-        f'<text x="4" y="{y(low + 5) + 4:.1f}">{low + 5:.0f}</text>\n'
-        f'<text x="{width / 2 - 20:.0f}" y="{height - 10}">prompt</text>\n</svg>\n')
-
-
 def comfyui_version() -> str:
     """The ComfyUI under test, as its comfyui_version.py names it ("2024" for the 2024 one, which has none)."""
     version_file = comfy_env.find_comfyui() / "comfyui_version.py"
@@ -159,7 +142,9 @@ def main(argv=None) -> int:
     json_path, svg_path = Path(args.out + ".json"), Path(args.out + ".svg")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(report, indent=1) + "\n")
-    write_svg(svg_path, rss, args.warmup)
+    with_tome = "with ToMe" if any(name != "off" for name in names) else "without ToMe"
+    write_rss_svg(svg_path, rss, args.warmup,
+                  f"ComfyUI server RSS (MB) after each of {len(rss)} prompts {with_tome}")
     print(f"{args.prompts} prompts: {report['images_equal_to_solo_runs']} images equal their solo runs; "
           f"RSS {baseline:.0f} MB after warm-up -> {final:.0f} MB at the end ({growth:+.1f} MB, "
           f"limit {GROWTH_LIMIT_MB:.0f}); {json_path}, {svg_path}")

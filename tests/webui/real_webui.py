@@ -58,8 +58,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
 from real_webui_checkpoints import CHECKPOINTS, write_checkpoints  # noqa: E402
+from rss_chart import write_rss_svg  # noqa: E402
 
 GROWTH_LIMIT_MB = 50.0
 PROMPT = "a photo of a cat sitting on a wooden chair"
@@ -374,32 +376,14 @@ def check_soak(client: Client, pid: int, prompts: int, warmup: int, host: str, h
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"webui_soak_{host}.json").write_text(json.dumps(report, indent=1) + "\n")
-    write_svg(out / f"webui_soak_{host}.svg", rss, warmup, host)
+    write_rss_svg(out / f"webui_soak_{host}.svg", rss, warmup,
+                  f"{host} server RSS (MB) after each of {len(rss)} prompts with ToMe")
     passed = not mismatches and growth < GROWTH_LIMIT_MB and not any(
         v for s, v in equals_off.items() if s != "off")
     summary = {k: report[k] for k in ("prompts", "warmup", "rss_after_warmup_mb", "rss_final_mb",
                                       "growth_after_warmup_mb", "images_equal_to_solo_runs", "mismatches",
                                       "setting_image_equals_off", "seconds_per_prompt_median", "wall_s")}
     return passed, summary
-
-
-def write_svg(path: Path, rss: List[float], warmup: int, host: str) -> None:
-    """A small line chart of the RSS curve (as tests/comfyui/soak.py)."""
-    width, height, pad = 640, 240, 40
-    low, high = min(rss) - 5, max(rss) + 5
-    x = lambda i: pad + (width - 2 * pad) * i / max(1, len(rss) - 1)  # noqa: E731
-    y = lambda v: height - pad - (height - 2 * pad) * (v - low) / (high - low)  # noqa: E731
-    points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(rss))
-    path.write_text(
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-        f'font-size="11">\n<rect width="100%" height="100%" fill="white"/>\n'
-        f'<line x1="{x(warmup - 1):.1f}" y1="{pad}" x2="{x(warmup - 1):.1f}" y2="{height - pad}" stroke="#bbb" '
-        f'stroke-dasharray="4"/>\n<text x="{x(warmup - 1) + 4:.1f}" y="{pad + 10}" fill="#777">end of warm-up</text>\n'
-        f'<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="{points}"/>\n'
-        f'<text x="{pad}" y="{pad - 12}">{host} server RSS (MB) after each of {len(rss)} prompts with ToMe</text>\n'
-        f'<text x="4" y="{y(high - 5) + 4:.1f}">{high - 5:.0f}</text>\n'
-        f'<text x="4" y="{y(low + 5) + 4:.1f}">{low + 5:.0f}</text>\n'
-        f'<text x="{width / 2 - 20:.0f}" y="{height - 10}">prompt</text>\n</svg>\n')
 
 
 def _infotext_value(infotext: str, key: str) -> Optional[str]:
