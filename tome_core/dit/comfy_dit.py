@@ -125,12 +125,13 @@ class DiTKVPatch(KVPatchState):
         ``block_type``/``block_index`` in transformer_options around each block), from that; elsewhere
         (MMDiT, Wan, LTX) the self-attentions over the layout come one per block in depth order, so their
         count in this call is the block index (skipping the blocks the model reports it does not compute,
-        LTX's STG). A key length in ``ambiguous`` (text, another stream) is never taken for self-attention. With ``keep_image`` (SD3.5's MMDiT-X), a self-attention
-        over the grid alone is the image-only ``x_block`` attention that ``_block_mixing`` runs right
+        LTX's STG). A key length in ``ambiguous`` (text, another stream) is never taken for self-attention.
+        With ``keep_image`` (SD3.5's MMDiT-X), a self-attention over the grid alone is the image-only ``x_block`` attention that ``_block_mixing`` runs right
         after its block's joint one, so it belongs to the last counted block and keeps ``keep_image``.
         A block outside ``blocks_on`` is left alone.
         """
         seen = [0]  # self-attentions over the layout so far in this model call (counted families)
+        kept_for_length: Dict[int, torch.Tensor] = {}  # grid last: one index tensor per key length in this call
         family, offsets, blocks_on, grid_last = self.family, self.block_offsets, self.blocks_on, self.grid_last
         end = layout.prefix + layout.grid_tokens  # the grid's end: later tokens (text, references) are kept
 
@@ -148,7 +149,8 @@ class DiTKVPatch(KVPatchState):
                 # stream) has the layout's length cannot be told from self-attention.
                 return None
             index, seen[0] = seen[0], seen[0] + 1
-            skipped = options.get(family.skipped_blocks) if family.skipped_blocks and isinstance(options, dict) else None
+            skipped = options.get(family.skipped_blocks) \
+                if family.skipped_blocks and isinstance(options, dict) else None
             for block in sorted(set(skipped or ())):  # the index-th block whose self-attention runs
                 if block > index:
                     break
@@ -163,8 +165,11 @@ class DiTKVPatch(KVPatchState):
             index = block_of(kwargs, n) if q is not None and q.shape[seq] == n == v.shape[seq] else None
             if index is not None and (blocks_on is None or (index < len(blocks_on) and blocks_on[index])):
                 if grid_last:  # every token before the grid (text, references), however many, keeps its key
-                    before = n - layout.grid_tokens
-                    kept = torch.cat([torch.arange(before, device=keep.device), keep + before])
+                    kept = kept_for_length.get(n)
+                    if kept is None:  # built once per length, not per block
+                        before = n - layout.grid_tokens
+                        kept = torch.cat([torch.arange(before, device=keep.device), keep + before])
+                        kept_for_length[n] = kept
                 elif n == layout.length:
                     kept = keep
                 elif keep_image is not None and n == layout.grid_tokens:

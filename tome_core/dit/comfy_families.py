@@ -227,7 +227,8 @@ def grid_last(diffusion_model: Any) -> bool:
 def supported_names() -> str:
     return ("Flux.1/Flux.2/Kontext/LongCat-Image, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), "
             "Wan 2.x (WanModel, VACE, Camera, HuMo, Animate), HiDream I1, Kandinsky 5, Krea 2, JoyImage, Mage-Flow, "
-            "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV), LTX-2 (LTXAV), Ideogram 4, Lens, Anima")
+            "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV), LTX-2 (LTXAV), "
+            "Ideogram 4, Lens, Anima")
 
 
 def _attr_path(obj: Any, path: str) -> Any:
