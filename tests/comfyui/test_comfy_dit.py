@@ -123,7 +123,12 @@ def first_over_layout(calls, where) -> int:
 
 def sample(comfy, patcher, latent, cond, steps: int = 2) -> torch.Tensor:
     """ComfyUI's sampler; a nested latent (LTX-2's [video, audio]) gets ComfyUI's own nested noise, and its
-    streams come back flattened into one tensor."""
+    streams come back flattened into one tensor. HiDream O1 keeps its text's keys/values on the model across samples
+    (its later steps then run only the fresh queries): each sample starts without them, as a fresh run does, so
+    samples compare bit for bit."""
+    clear = getattr(patcher.model.diffusion_model, "clear_kv_cache", None)
+    if callable(clear):
+        clear()
     if getattr(latent, "is_nested", False):
         noise = comfy.sample.prepare_noise(latent, 0)
         out = comfy.sample.sample(patcher, noise, steps, 1.0, "euler", "simple", cond, cond, latent,
@@ -428,7 +433,8 @@ def test_every_attention_backend_comfyui_can_select_gets_the_shortened_keys(comf
     --use-pytorch-cross-attention, or the basic one; xformers/sage/flash on CUDA): each is wrapped by wrap_attn,
     so ToMe's override reaches it, and it computes exactly the attention over the kept keys/values."""
     import comfy.ldm.modules.attention as attention
-    from tome_core.dit.comfy_dit import FAMILIES, DiTKVPatch
+    from tome_core.dit.comfy_dit import CallPlan, DiTKVPatch
+    from tome_core.dit.comfy_families import FAMILIES
     from tome_core.dit.grid import TokenLayout
 
     function = getattr(attention, backend)
@@ -439,7 +445,8 @@ def test_every_attention_backend_comfyui_can_select_gets_the_shortened_keys(comf
     g = torch.Generator().manual_seed(0)
     shape = (2, 2, layout.length, 8) if skip_reshape else (2, layout.length, 16)
     q, k, v = (torch.randn(shape, generator=g) for _ in range(3))
-    options = {OVERRIDE: state.override(layout, keep, -1, previous=None), "block_type": "double", "block_index": 0}
+    options = {OVERRIDE: state.override(CallPlan(layout, keep, 0.5), previous=None), "block_type": "double",
+               "block_index": 0}
     out = function(q, k, v, 2, skip_reshape=skip_reshape, transformer_options=options)
     seq = 2 if skip_reshape else 1
     expected = function(q, k.index_select(seq, keep), v.index_select(seq, keep), 2, skip_reshape=skip_reshape)

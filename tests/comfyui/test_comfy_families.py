@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import types
 
 import pytest
@@ -257,6 +258,57 @@ def wan_animate(comfy):
         dict(prefix=15, grid=45, suffix=0), 2
 
 
+def _reached(comfy, patcher, latent, cond) -> bool:
+    """Whether any attention of a model call gets transformer_options on this ComfyUI (so an override reaches it)."""
+    probe = patcher.clone()
+    calls = spy_on(probe)
+    sample(comfy, probe, latent, cond, steps=1)
+    return bool(calls)
+
+
+def wan_s2v(comfy, refs: bool = False):
+    """Wan 2.2 S2V where its blocks are reached (2026 ComfyUIs; 0.3.x calls them without transformer_options)."""
+    built = _wan_s2v(comfy, refs)
+    if not _reached(comfy, *built[:3]):
+        pytest.skip("this ComfyUI's comfy.ldm.wan.model.WanModel_S2V calls its blocks without transformer_options: "
+                    "no override reaches them (test_wan_s2v_out_of_reach_warns_and_leaves_the_image covers it)")
+    return built
+
+
+def _wan_s2v(comfy, refs: bool = False):
+    """Wan 2.2 S2V: self-attention over a 3 x 4 x 8 grid; with ``refs`` its reference image (1 x 4 x 8 tokens) and
+    packed motion frames (4 x 8 + 1 x 2 x 4 + 4 x 1 x 2 tokens) follow it."""
+    _require("comfy.ldm.wan.model", "WanModel_S2V")
+    patcher = _patcher(comfy, comfy.supported_models.WAN22_S2V, dict(
+        _WAN, model_type="s2v", audio_dim=32, num_audio_token=2, audio_inject_layers=[0]))
+    extra = {}
+    if refs:
+        g = torch.Generator().manual_seed(5)
+        extra = dict(reference_latents=[torch.randn(1, 16, 1, 8, 16, generator=g)],
+                     reference_motion=torch.randn(1, 16, 19, 8, 16, generator=g))
+    return patcher, torch.zeros(1, 16, 3, 8, 16), _cond(7, 32, **extra), dict(prefix=0, grid=96, suffix=0), 2
+
+
+def wan_scail(comfy):
+    """SCAIL (2026 ComfyUIs): [reference frame 3 x 5, video 3 x 3 x 5, pose 3 x 3 x 5] in one self-attention; the
+    reference is concatenated before the video in time, the pose tokens follow it; blocks reported."""
+    config_cls = _require("comfy.supported_models", "WAN21_SCAIL")
+    patcher = _patcher(comfy, config_cls, dict(_WAN, model_type="scail", in_dim=20))
+    g = torch.Generator().manual_seed(5)
+    cond = _cond(7, 32, reference_latents=[torch.randn(1, 16, 1, 6, 10, generator=g)],
+                 pose_video_latent=torch.randn(1, 16, 3, 6, 10, generator=g))
+    return patcher, torch.zeros(1, 16, 3, 6, 10), cond, dict(prefix=15, grid=45, suffix=0), 2
+
+
+def wan_dancer(comfy):
+    """WanDancer (2026 ComfyUIs): WanModel's self-attention over the video; its music attentions never reach
+    ComfyUI's override (called without transformer_options)."""
+    config_cls = _require("comfy.supported_models", "WAN22_WanDancer")
+    patcher = _patcher(comfy, config_cls, dict(_WAN, model_type="wandancer", music_dim=16, music_heads=2,
+                                               music_latent_dim=16, audio_inject_layers=[0]))
+    return patcher, torch.zeros(1, 16, 3, 6, 10), _cond(7, 32), dict(prefix=0, grid=45, suffix=0), 2
+
+
 def hidream(comfy, image_cond: bool = False):
     """HiDream I1: [image, text], text = 5 T5 + 2 x 4 Llama tokens (the joint attention told apart by length: the
     model reports no blocks). With image_cond (E1: the reference concatenated along the width) left unreduced."""
@@ -271,6 +323,23 @@ def hidream(comfy, image_cond: bool = False):
     if image_cond:
         extra["concat_latent_image"] = torch.randn(1, 16, 10, 13, generator=g)
     return patcher, torch.zeros(1, 16, 10, 13), _cond(5, 32, **extra), dict(prefix=0, grid=35, suffix=13), 3
+
+
+def hidream_o1(comfy):
+    """HiDream O1 (2026 ComfyUIs): a Qwen3-VL decoder over [text 13 (its chat template, ending in the timestep
+    token), image 3 x 5 (32 x 32 pixel patches of a 96 x 160 image)]; the causal text runs outside ComfyUI's
+    attention, the generation queries (from the timestep token on: 16 of 28) attend every key."""
+    config_cls = _require("comfy.supported_models", "HiDreamO1")
+    o1 = importlib.import_module("comfy.text_encoders.hidream_o1")
+    patcher = _patcher(comfy, config_cls, dict(image_model="hidream_o1", text_config_overrides=dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=16, rope_dims=[4, 2, 2]), vision_config_overrides=dict(
+        hidden_size=32, num_heads=2, intermediate_size=32, depth=1, num_position_embeddings=64)))
+    ids = [o1.IM_START_ID, o1.USER_ID, o1.NEWLINE_ID, 100, 200, o1.IM_END_ID, o1.NEWLINE_ID, o1.IM_START_ID,
+           o1.ASSISTANT_ID, o1.NEWLINE_ID, o1.BOI_TOKEN_ID, 300, o1.TMS_TOKEN_ID]
+    ids = torch.tensor([ids])
+    cond = [[ids.unsqueeze(-1).float(), {"text_input_ids": ids}]]  # its text encoder's stand-in context and ids
+    return patcher, torch.zeros(1, 3, 96, 160), cond, dict(prefix=13, grid=15, suffix=0), 2
 
 
 def _hunyuan_patcher(comfy, config_cls, **config):
@@ -326,9 +395,12 @@ FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance
             "lumina2": lumina2, "z_image": z_image, "ltxv": ltxv, "ltxav": ltxav, "ideogram4": ideogram4, "lens": lens, "anima": anima, "wan_phantom": wan_phantom, "wan_humo": wan_humo,
             "wan_animate": wan_animate, "hidream": hidream, "hunyuan_video15": hunyuan_video15,
             "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5, "longcat_image": longcat_image,
-            "krea2": krea2, "joyimage": joyimage, "mage_flow": mage_flow}
+            "krea2": krea2, "joyimage": joyimage, "mage_flow": mage_flow, "wan_s2v": wan_s2v, "wan_scail": wan_scail,
+            "wan_dancer": wan_dancer, "hidream_o1": hidream_o1}
 TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma", "wan_phantom": "wan",
-              "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video", "longcat_image": "flux"}
+              "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video", "longcat_image": "flux",
+              "wan_dancer": "wan"}
+PARTIAL_QUERIES = {"hidream_o1"}  # its generation queries are fewer than its keys
 
 
 def _seq(call) -> int:
@@ -343,10 +415,10 @@ def _spied(comfy, patcher, latent, cond, config=None):
     return calls
 
 
-def _check_kept(vanilla, patched, where, reduced_count):
-    """Every query kept; only self-attentions over the layout shortened (their count given); in the first one
-    (same inputs with and without the patch) text and tokens after the grid keep every key/value and the
-    kept grid keys are real keys of different positions."""
+def _check_kept(vanilla, patched, where, reduced_count, partial=False):
+    """Every query kept; only self-attentions over the layout shortened (their count given; with ``partial``, HiDream
+    O1's, fewer queries than keys); in the first one (same inputs with and without the patch) text and tokens after
+    the grid keep every key/value and the kept grid keys are real keys of different positions."""
     length = where["prefix"] + where["grid"] + where["suffix"]
     assert len(vanilla) == len(patched) > 0
     shortened = []
@@ -355,7 +427,8 @@ def _check_kept(vanilla, patched, where, reduced_count):
         assert a[0].shape == b[0].shape and b[1].shape[s] == b[2].shape[s]
         shortened.append(b[1].shape[s] < a[1].shape[s])
         if shortened[-1]:
-            assert a[1].shape[s] >= length and a[0].shape[s] == a[1].shape[s]
+            queries, keys = a[0].shape[s], a[1].shape[s]
+            assert keys >= length and (queries < keys if partial else queries == keys)
     assert sum(shortened) == reduced_count
     first = shortened.index(True)
     (q0, k0, v0, _), (q1, k1, v1, _) = vanilla[first], patched[first]
@@ -394,7 +467,7 @@ def test_queries_text_and_non_grid_tokens_keep_every_key(comfy, family):
     patcher, latent, cond, where, reduced = FAMILIES[family](comfy)
     vanilla = _spied(comfy, patcher, latent, cond)
     patched = _spied(comfy, patcher, latent, cond, ToMeConfig(ratio=0.5, mode="kv", seed=3))
-    _check_kept(vanilla, patched, where, 2 if family == "flux2" else reduced)
+    _check_kept(vanilla, patched, where, 2 if family == "flux2" else reduced, partial=family in PARTIAL_QUERIES)
 
 
 def _seeded_patcher(comfy, model):
@@ -408,7 +481,8 @@ def _seeded_patcher(comfy, model):
     return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
 
 
-@pytest.mark.parametrize("family", ["chroma", "chroma_radiance", "hidream", "wan_phantom", "wan_humo", "wan_animate"])
+@pytest.mark.parametrize("family", ["chroma", "chroma_radiance", "hidream", "wan_phantom", "wan_humo", "wan_animate",
+                                    "wan_s2v", "wan_scail", "hidream_o1"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_batch_of_three_and_bf16(comfy, family, dtype):
     """Odd-sized latents in a batch of 3 (conditioning repeated by ComfyUI), the model in float32 or bf16: ratio 0
@@ -467,15 +541,79 @@ def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
 
 
 @pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv", "ltxav", "ideogram4", "lens",
-                                    "anima", "hidream", "kandinsky5"])
+                                    "anima", "hidream", "kandinsky5", "wan_s2v", "wan_scail", "wan_dancer",
+                                    "hidream_o1"])
 def test_block_range_reduces_the_second_half(comfy, family):
+    """Block range 0.5-1: of the self-attentions whose keys span the layout (SCAIL's pose tokens after it; HiDream
+    O1's fewer queries), exactly the second half is shortened."""
     patcher, latent, cond, where, reduced = FAMILIES[family](comfy)
     vanilla = _spied(comfy, patcher, latent, cond)
     patched = _spied(comfy, patcher, latent, cond, ToMeConfig(ratio=0.5, mode="kv", block_start=0.5))
     shortened = [b[1].shape[_seq(a)] < a[1].shape[_seq(a)] for a, b in zip(vanilla, patched)]
-    over = [i for i, a in enumerate(vanilla) if a[1].shape[_seq(a)] == a[0].shape[_seq(a)]
-            == where["prefix"] + where["grid"] + where["suffix"]]
+    over = [i for i, a in enumerate(vanilla) if a[1].shape[_seq(a)] >= where["prefix"] + where["grid"] + where["suffix"]
+            and (a[0].shape[_seq(a)] == a[1].shape[_seq(a)] or family in PARTIAL_QUERIES)]
     assert len(over) == reduced and [i for i, s in enumerate(shortened) if s] == over[reduced // 2:]
+
+
+def test_wan_s2v_reference_and_motion_tokens_keep_every_key(comfy, caplog):
+    """S2V's reference image (1 x 4 x 8 tokens) and packed motion frames (32 + 8 + 8 tokens) follow the video in its
+    self-attention: they keep every key, the video's keys are reduced in each block (read from the block report);
+    no warning that the model is out of reach."""
+    patcher, latent, cond, where, reduced = wan_s2v(comfy, refs=True)
+    vanilla = _spied(comfy, patcher, latent, cond)
+    assert max(a[1].shape[_seq(a)] for a in vanilla) == where["grid"] + 32 + 48
+    with caplog.at_level("WARNING", logger="tome.dit"):
+        patched = _spied(comfy, patcher, latent, cond, ToMeConfig(ratio=0.5, mode="kv", seed=3))
+    _check_kept(vanilla, patched, where, reduced)
+    assert not [r for r in caplog.records if "reduces nothing" in r.getMessage()]
+
+
+def test_wan_s2v_out_of_reach_warns_and_leaves_the_image(comfy, caplog):
+    """ComfyUI 0.3.x calls S2V's blocks without transformer_options: no attention reaches the override, so the first
+    model call logs once that ToMe reduces nothing, and the image is the unpatched one bit for bit."""
+    patcher, latent, cond, _, _ = _wan_s2v(comfy)
+    if _reached(comfy, patcher, latent, cond):
+        pytest.skip("this ComfyUI passes transformer_options to WanModel_S2V's blocks: reached (the wan_s2v tests run)")
+    expected = sample(comfy, patcher, latent, cond)
+    with caplog.at_level("WARNING", logger="tome.dit"):
+        patched = sample(comfy, patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv")), latent, cond)
+    assert torch.equal(patched, expected)
+    assert [r.getMessage() for r in caplog.records].count(
+        "ToMe: no attention of WanModel_S2V's first model call reached ComfyUI's attention override (this ComfyUI "
+        "calls its blocks without transformer_options, or a node replaced the override): ToMe reduces nothing on "
+        "this model here.") == 1
+
+
+def test_hidream_o1_cached_pass_is_reduced(comfy):
+    """HiDream O1 caches its text's keys/values after the first step; the later steps run only the fresh queries
+    (the generation's) against cached + fresh keys. Both passes are reduced in every layer: 2 steps x 2 layers, each
+    call's queries untouched and its 13 text keys kept."""
+    patcher, latent, cond, where, reduced = hidream_o1(comfy)
+    base = patcher.clone()
+    calls = spy_on(base)
+    sample(comfy, patch_dit_model_patcher(base, ToMeConfig(ratio=0.5, mode="kv")), latent, cond, steps=2)
+    assert patcher.model.diffusion_model._kv_cache_entries  # the second step ran from the cache
+    length = where["prefix"] + where["grid"]
+    shortened = [(q.shape[2], k.shape[2]) for q, k, _, _ in calls if k.shape[2] < length]
+    assert len(shortened) == 2 * reduced and all(q == length - 12 and k < length for q, k in shortened)
+
+
+@pytest.mark.parametrize("module, name, config, model_type", [
+    ("comfy.ldm.wan.model_animate2", "WanAnimate2Model", "WAN_Animate2", "animate2"),
+    ("comfy.ldm.wan.ar_model", "CausalWanModel", "WAN21_CausalAR_T2V", "t2v")])
+def test_wan_classes_out_of_reach_are_refused_naming_them(comfy, module, name, config, model_type):
+    """Wan Animate 2 (with its pose video the generation runs one frame's queries at a time against every key plus
+    that frame's pose tokens) and the causal Wan (its autoregressive sampler calls the blocks without
+    transformer_options, each chunk against a key/value cache of the earlier ones) are refused before sampling,
+    naming module and class; nothing is patched."""
+    _require(module, name)
+    patcher = _patcher(comfy, _require("comfy.supported_models", config), dict(_WAN, model_type=model_type))
+    assert type(patcher.model.diffusion_model).__name__ == name and dit_family(patcher) is None
+    with pytest.raises(TypeError, match=rf"{name} is not a DiT .*\({re.escape(module)}\.{name}\)"):
+        patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv"))
+    assert not patcher.wrappers.get("apply_model")
+
+
 
 
 def test_hidream_e1_image_cond_is_left_unreduced(comfy):
@@ -532,7 +670,7 @@ def test_hunyuan_video_layout_follows_the_host(comfy, monkeypatch):
 def test_z_image_calls_with_reference_latents_are_left_whole(comfy):
     """The 2026 NextDiT (Z-Image Omni / edit) adds reference latents and SigLIP features to the sequence;
     the table cannot place them, so such a call has no layout (nothing reduced), while a plain call has one."""
-    from tome_core.dit.comfy_families import token_layout
+    from tome_core.dit.comfy_layout import token_layout
 
     patcher, latent, cond, where, _ = FAMILIES["z_image"](comfy)
     model = patcher.model.diffusion_model
@@ -603,7 +741,7 @@ def test_text_mask_follows_the_kept_keys(comfy, family):
 def test_ideogram4_call_without_text_is_the_image_alone(comfy):
     """Ideogram 4 runs its unconditional pass without text ([image] alone): that call's layout is the grid with no
     prefix, not an unknown one."""
-    from tome_core.dit.comfy_families import token_layout
+    from tome_core.dit.comfy_layout import token_layout
 
     patcher, latent, cond, where, _ = ideogram4(comfy)
     model = patcher.model.diffusion_model

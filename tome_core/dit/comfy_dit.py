@@ -11,13 +11,16 @@ attention function itself. Installing per call is what lets it survive an overri
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from ..config import ToMeConfig
-from .comfy_families import FAMILIES, ComfyFamily, ambiguous_lengths, block_offsets, default_start, family_of, \
-    grid_last, supported_names, token_layout
+from .comfy_families import ComfyFamily, base_model, block_offsets, default_start, family_of, grid_last, \
+    supported_names
+from .comfy_layout import ambiguous_lengths, token_layout
+from .comfy_reports import ReportBasis, agrees, host_report, report_basis, reported_layout
 from .diffusers_dit import check_config
 from .grid import TokenLayout
 from .kv import dit_window
@@ -103,6 +106,26 @@ def blocks_on(patcher_or_model: Any, config: ToMeConfig) -> Optional[Tuple[bool,
     return chosen
 
 
+@dataclass(frozen=True)
+class CallPlan:
+    """What one model call's attention override needs, read once by the APPLY_MODEL wrapper (no host reads later).
+
+    layout, keep: the layout derived from the call and its kept indices (built before the model runs: under
+    torch.compile nothing seeded by the step is built in traced code); sigma: the step; ambiguous: key lengths of the
+    call's other attentions (``ambiguous_lengths``); keep_image: SD3.5's x_block picks; reports: the basis for the
+    layout the model reports inside its forward, None where the family reads none; reached: set by the override's
+    first invocation (an attention of the call got transformer_options).
+    """
+
+    layout: TokenLayout
+    keep: torch.Tensor
+    sigma: float
+    ambiguous: Tuple[int, ...] = ()
+    keep_image: Optional[torch.Tensor] = None
+    reports: Optional[ReportBasis] = None
+    reached: List[bool] = field(default_factory=lambda: [False])
+
+
 class DiTKVPatch(KVPatchState):
     """The state of one patched clone: config, sigma window, block choice and the per-step kept indices."""
 
@@ -116,67 +139,104 @@ class DiTKVPatch(KVPatchState):
         self.block_offsets = block_offsets or {}
         self.image_only_attention = image_only_attention  # SD3.5's MMDiT-X x_block self-attention
         self.grid_last = grid_last  # [text, references, grid] (HunyuanVideo on ComfyUI 0.13+): the rest precedes it
+        self.reach_checked = False  # whether a model call has shown that its attention reaches the override
 
-    def override(self, layout: TokenLayout, keep: torch.Tensor, ambiguous: Tuple[int, ...],
-                 previous: Optional[Callable], keep_image: Optional[torch.Tensor] = None) -> Callable:
+    def reducible(self, layout: TokenLayout) -> bool:
+        """Whether the config reduces a grid of this layout (enough tokens, a window larger than one token)."""
+        config = self.config
+        return layout.grid_tokens >= max(config.min_tokens, 2) and \
+            any(s > 1 for s in dit_window(config.ratio, layout.grid, config.sx, config.sy))
+
+    def override(self, plan: CallPlan, previous: Optional[Callable]) -> Callable:
         """The optimized_attention_override for one model call; chains ``previous``.
 
-        Which block a call belongs to: where the model reports it (Flux, HunyuanVideo set
-        ``block_type``/``block_index`` in transformer_options around each block), from that; elsewhere
-        (MMDiT, Wan, LTX) the self-attentions over the layout come one per block in depth order, so their
-        count in this call is the block index (skipping the blocks the model reports it does not compute,
-        LTX's STG). A key length in ``ambiguous`` (text, another stream) is never taken for self-attention.
-        With ``keep_image`` (SD3.5's MMDiT-X), a self-attention over the grid alone is the image-only ``x_block`` attention that ``_block_mixing`` runs right
-        after its block's joint one, so it belongs to the last counted block and keeps ``keep_image``.
-        A block outside ``blocks_on`` is left alone.
+        The layout: where the family reads a report the model sets for the attention
+        (``transformer_options["grid_sizes"]``/``["img_slice"]``) and the derived layout does not hold under it, the
+        report's (``comfy_reports``); else the derived one. Which block a call belongs to: where the model reports
+        it (Flux, HunyuanVideo set ``block_type``/``block_index`` in transformer_options around each block), from
+        that; elsewhere (MMDiT, Wan, LTX) the self-attentions over the layout come one per block in depth order, so
+        their count in this call is the block index (skipping the blocks the model reports it does not compute,
+        LTX's STG). A key length in ``plan.ambiguous`` (text, another stream) is never taken for self-attention.
+        With ``plan.keep_image`` (SD3.5's MMDiT-X), a self-attention over the grid alone is the image-only
+        ``x_block`` attention that ``_block_mixing`` runs right after its block's joint one, so it belongs to the
+        last counted block and keeps ``keep_image``. A block outside ``blocks_on`` is left alone. Kept indices are
+        built once per layout and key length in the call, never per block.
         """
         seen = [0]  # self-attentions over the layout so far in this model call (counted families)
-        kept_for_length: Dict[int, torch.Tensor] = {}  # grid last: one index tensor per key length in this call
+        derived = (plan.layout, plan.keep, {})  # layout, its kept indices, kept indices per longer key length
+        reported: Dict[Any, Optional[Tuple[TokenLayout, torch.Tensor, Dict[int, torch.Tensor]]]] = {}
         family, offsets, blocks_on, grid_last = self.family, self.block_offsets, self.blocks_on, self.grid_last
-        end = layout.prefix + layout.grid_tokens  # the grid's end: later tokens (text, references) are kept
 
-        def block_of(kwargs: dict, n: int) -> Optional[int]:
-            """Depth index of the block making this self-attention over n tokens, None where ToMe leaves it."""
-            options = kwargs.get("transformer_options")
-            kind = options.get("block_type") if isinstance(options, dict) else None
+        def layout_of(options: dict) -> Optional[Tuple[TokenLayout, torch.Tensor, Dict[int, torch.Tensor]]]:
+            basis = plan.reports
+            report = host_report(family, options, basis.stale) if basis is not None else None
+            if report is None or agrees(basis, report):
+                return derived
+            if report not in reported:  # once per distinct report in this call
+                layout = reported_layout(basis, report)
+                if layout is None:
+                    self.warn_once(f"report {report[0]}", f"ToMe: {family.name}: the model reports {report[0]}="
+                                   f"{list(report[1])}, which does not hold this call's tokens that keep every key; "
+                                   "such calls are left unreduced.")
+                reducible = layout is not None and self.reducible(layout)
+                reported[report] = (layout, self.keep_for(layout, plan.sigma, plan.keep.device), {}) \
+                    if reducible else None
+            return reported[report]
+
+        def block_of(options: dict, layout: TokenLayout, n: int, full: bool) -> Optional[int]:
+            """Depth index of the block making this self-attention over n keys, None where ToMe leaves it."""
+            kind = options.get("block_type")
+            if n in plan.ambiguous:  # a cross-attention's text (or another stream) of this length looks alike
+                return None
             if family.reports_blocks and kind in offsets:
-                return offsets[kind] + int(options.get("block_index", 0)) if n >= end else None
-            if keep_image is not None and n == layout.grid_tokens and seen[0] > 0:
+                return offsets[kind] + int(options.get("block_index", 0)) if n >= layout.length else None
+            if plan.keep_image is not None and n == layout.grid_tokens and seen[0] > 0:
                 return seen[0] - 1  # SD3.5's x_block self-attention, after its block's joint attention
-            if family.text == "last" and not family.text_tokens or n != layout.length or n in ambiguous:
+            if not full or family.text == "last" and not family.text_tokens or n != layout.length:
                 # No block report: [image, text] cannot be told from the text refiner's self-attention unless the
-                # table gives the whole text's length (HiDream), and a cross-attention whose text (or another
-                # stream) has the layout's length cannot be told from self-attention.
+                # table gives the whole text's length (HiDream).
                 return None
             index, seen[0] = seen[0], seen[0] + 1
-            skipped = options.get(family.skipped_blocks) \
-                if family.skipped_blocks and isinstance(options, dict) else None
+            skipped = options.get(family.skipped_blocks) if family.skipped_blocks else None
             for block in sorted(set(skipped or ())):  # the index-th block whose self-attention runs
                 if block > index:
                     break
                 index += 1
             return index
 
+        def kept_for(layout: TokenLayout, keep: torch.Tensor, longer: Dict[int, torch.Tensor], n: int) -> torch.Tensor:
+            """Kept key indices of a self-attention over n keys; tokens past the layout (or, grid last, before the
+            grid) keep every key. Built once per layout and n in this call."""
+            if n == layout.length and not grid_last:
+                return keep
+            if plan.keep_image is not None and n == layout.grid_tokens and not grid_last:
+                return plan.keep_image
+            kept = longer.get(n)
+            if kept is None:
+                if grid_last:  # every token before the grid (text, references), however many, keeps its key
+                    before = n - layout.grid_tokens
+                    kept = torch.cat([torch.arange(before, device=keep.device), keep + before])
+                else:
+                    kept = torch.cat([keep, torch.arange(layout.length, n, device=keep.device)])
+                longer[n] = kept
+            return kept
+
         def tome_kv_override(func: Callable, *args: Any, **kwargs: Any) -> Any:
+            plan.reached[0] = True
             args = list(args)
             q, k, v = args[:3] if len(args) >= 3 else (kwargs.get("q"), kwargs.get("k"), kwargs.get("v"))
             seq = 2 if kwargs.get("skip_reshape", False) else 1
-            n = k.shape[seq] if k is not None else -1
-            index = block_of(kwargs, n) if q is not None and q.shape[seq] == n == v.shape[seq] else None
+            n = k.shape[seq] if k is not None and v is not None and v.shape[seq] == k.shape[seq] else -1
+            m = q.shape[seq] if q is not None else -1
+            options = kwargs.get("transformer_options")
+            options = options if isinstance(options, dict) else {}
+            found = layout_of(options) if n > 0 and (m == n or family.partial_queries and 0 < m < n) else None
+            index = block_of(options, found[0], n, m == n) if found is not None else None
+            kept_index = None
             if index is not None and (blocks_on is None or (index < len(blocks_on) and blocks_on[index])):
-                if grid_last:  # every token before the grid (text, references), however many, keeps its key
-                    kept = kept_for_length.get(n)
-                    if kept is None:  # built once per length, not per block
-                        before = n - layout.grid_tokens
-                        kept = torch.cat([torch.arange(before, device=keep.device), keep + before])
-                        kept_for_length[n] = kept
-                elif n == layout.length:
-                    kept = keep
-                elif keep_image is not None and n == layout.grid_tokens:
-                    kept = keep_image
-                else:
-                    kept = torch.cat([keep, torch.arange(layout.length, n, device=keep.device)])
-                k, v = k.index_select(seq, kept), v.index_select(seq, kept)
+                kept_index = kept_for(*found, n)
+            if kept_index is not None:
+                k, v = k.index_select(seq, kept_index), v.index_select(seq, kept_index)
                 if len(args) >= 3:
                     args[1], args[2] = k, v
                 else:
@@ -187,9 +247,9 @@ class DiTKVPatch(KVPatchState):
                 mask = args[4] if positional else kwargs.get("mask")
                 if isinstance(mask, torch.Tensor) and mask.shape[-1] == n:
                     if positional:
-                        args[4] = mask.index_select(-1, kept)
+                        args[4] = mask.index_select(-1, kept_index)
                     else:
-                        kwargs["mask"] = mask.index_select(-1, kept)
+                        kwargs["mask"] = mask.index_select(-1, kept_index)
                 if not torch.compiler.is_compiling():  # a diagnostic count; in traced code an int guard, a recompile
                     self.reduced_calls += 1
             if previous is not None:
@@ -203,35 +263,43 @@ class DiTKVPatch(KVPatchState):
                             **kwargs: Any) -> Any:
         """APPLY_MODEL wrapper: set our override for this call only, restore what was there afterwards."""
         options = transformer_options if transformer_options is not None else {}
-        plan = self._plan(executor.class_obj, x, t, c_crossattn, kwargs)
+        plan = self._plan(executor.class_obj, x, t, c_crossattn, kwargs, options)
         if plan is None:
             return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
         had, previous = OVERRIDE in options, options.get(OVERRIDE)
-        layout, keep, ambiguous, keep_image = plan
-        options[OVERRIDE] = self.override(layout, keep, ambiguous, previous=previous, keep_image=keep_image)
+        options[OVERRIDE] = self.override(plan, previous=previous)
         try:
-            return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+            out = executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
         finally:
             if had:
                 options[OVERRIDE] = previous
             else:
                 options.pop(OVERRIDE, None)
+        if not self.reach_checked:  # the first model call only: a step cache may skip later ones whole
+            self.reach_checked = True
+            if not plan.reached[0]:
+                model = base_model(executor.class_obj.diffusion_model)
+                self.warn_once("unreached", f"ToMe: no attention of {type(model).__name__}'s first model call reached "
+                               "ComfyUI's attention override (this ComfyUI calls its blocks without "
+                               "transformer_options, or a node replaced the override): ToMe reduces nothing on this "
+                               "model here.")
+        return out
 
-    def _plan(self, base_model: Any, x: torch.Tensor, t: Any, context: Any, extra: dict) -> Optional[Tuple]:
+    def _plan(self, base_model: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
+              options: dict) -> Optional[CallPlan]:
         config = self.config
         if not config.enabled:
             return None
         context = context if isinstance(context, torch.Tensor) else None
-        layout = token_layout(base_model.diffusion_model, x, context, extra)
-        if layout is None or layout.grid_tokens < max(config.min_tokens, 2):
-            return None
-        if all(s == 1 for s in dit_window(config.ratio, layout.grid, config.sx, config.sy)):
+        diffusion_model = base_model.diffusion_model
+        layout = token_layout(diffusion_model, x, context, extra)
+        if layout is None or not self.reducible(layout):
             return None
         # One host read per model call (not per block): the sigma drives the schedule and the seed.
         sigma = float(t.detach().max()) if isinstance(t, torch.Tensor) else float(t)
         if not self.sigma_low <= sigma <= self.sigma_high:
             return None
-        ambiguous = ambiguous_lengths(base_model.diffusion_model, context, extra)
+        ambiguous = ambiguous_lengths(diffusion_model, context, extra)
         if layout.length in ambiguous:
             self.warn_once("ambiguous", f"ToMe: {layout.grid_tokens} video tokens equal the length of the text or of "
                            "another stream (audio); this size is left unreduced (self- and cross-attention cannot "
@@ -239,7 +307,8 @@ class DiTKVPatch(KVPatchState):
         keep_image = None
         if self.image_only_attention and layout.prefix > 0:  # the same picks on the grid alone (same seed)
             keep_image = self.keep_for(layout.image_only(), sigma, x.device)
-        return layout, self.keep_for(layout, sigma, x.device), ambiguous, keep_image
+        return CallPlan(layout, self.keep_for(layout, sigma, x.device), sigma, ambiguous, keep_image,
+                        report_basis(diffusion_model, layout, extra, options))
 
 
 def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:

@@ -4,20 +4,16 @@ Classes are matched by module and class name (``comfy.ldm.aura.mmdit.MMDiT``, Au
 ``comfy.ldm.modules.diffusionmodules.mmdit.MMDiT``). Each entry says where the text sits in the joint
 attention, its block lists in run order with the block type the model reports for them, which the
 default range reduces, where the patch size is, and which tokens besides text keep every key.
-``comfy_dit`` only routes through this table. ComfyUI schedules by sigma (its model_sampling maps
+``comfy_layout`` reads a call's layout through it, ``comfy_reports`` the layout the host reports, and
+``comfy_dit`` only routes through them. ComfyUI schedules by sigma (its model_sampling maps
 percent to sigma), so no timestep scale is needed here.
 """
 from __future__ import annotations
 
 import importlib
 import inspect
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
-
-import torch
-
-from .grid import TokenLayout
 
 
 @dataclass(frozen=True)
@@ -38,12 +34,16 @@ class Appended:
     place: "before" or "after" the grid in the self-attention's sequence.
     padded: the host pads that latent to the patch size (ceil); otherwise its patch conv drops the rest (floor).
     requires: a model attribute that must be set for the model to read the keyword at all (Wan's ref_conv).
+    in_time: the model concatenates the latent to its own along time before the patch embedding (Wan's
+        time_dim_concat, SCAIL's reference frames), so its frames are inside the grid the host reports
+        (``grid_sizes``); the host reports none of the others.
     """
 
     keyword: str
     place: str = "after"
     padded: bool = True
     requires: Optional[str] = None
+    in_time: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,10 @@ class ComfyFamily:
     reference_frames: leading latent frames that are a reference image, not video (Wan Animate), kept whole.
     replaced_frames: keyword of the call whose latent the model writes over the grid's leading frames
         (Kandinsky 5's time_dim_replace: image-to-video's first frame): those frames are kept whole.
-    text_tokens: for text "last" without block reports, (keyword, token axis, times) of the call's text inputs
-        that make the whole text after the grid ("c_crossattn": the context), so the joint attention is told
-        apart by its length (HiDream: T5 + twice the Llama tokens).
+    text_tokens: (keyword, token axis, times) of the call's inputs that make the whole text ("c_crossattn": the
+        context): after the grid for text "last" without block reports, so the joint attention is told apart by its
+        length (HiDream I1: T5 + twice the Llama tokens); before it for "first" where the context is a stand-in
+        (HiDream O1: its ``input_ids``, reference-image tokens spliced in).
     grid_last_without: ("module.Class", "__init__ parameter") of the host that the "last" layout holds on: a host
         whose class lacks the parameter (HunyuanVideo on ComfyUI 0.13+) puts everything else (text, byT5, vision
         and reference-latent tokens) before the grid, which then ends the sequence; those keep every key.
@@ -86,6 +87,17 @@ class ComfyFamily:
     skipped_blocks: key of ``transformer_options`` listing the blocks whose self-attention the model does not
         compute in this call (LTX's spatio-temporal guidance, ``stg_self_attn_blocks``): the counted
         self-attentions skip those block indices.
+    host_reports: keys of ``transformer_options`` that the model sets inside its forward (so the attention override
+        sees them) and that describe where its tokens sit: "grid_sizes" (the post-patch (t, h, w) of the latent
+        the model patched, ``in_time`` frames included: Wan) and "img_slice" ([text tokens, joint sequence length]
+        of the single-stream blocks: Flux, Chroma, HunyuanVideo, Krea 2). Where set, they win over the layout
+        derived from the call (``comfy_reports``).
+    partial_queries: the self-attention may run part of its queries against every key (HiDream O1's generation pass
+        after its causal text, and its key/value-cache pass). Only with block reports and joint attention (no
+        cross-attention whose keys could span the layout): a reported call whose keys span the layout is its block's
+        self-attention, whatever its query count.
+    cross_keys: keywords of the call whose token count (axis -2) is the key length of a cross-attention beside the
+        text (Wan i2v's clip_fea: 257 image tokens): a self-attention of that length cannot be told from it.
     """
 
     name: str
@@ -107,26 +119,39 @@ class ComfyFamily:
     streams: Optional[str] = None
     stream_prefix: Optional[str] = None
     skipped_blocks: Optional[str] = None
+    host_reports: Tuple[str, ...] = ()
+    partial_queries: bool = False
+    cross_keys: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = set(self.host_reports) - {"grid_sizes", "img_slice"}
+        if unknown:
+            raise ValueError(f"ToMe: {self.name}: host_reports are 'grid_sizes' or 'img_slice', got {sorted(unknown)}.")
+        if self.partial_queries and (not self.reports_blocks or self.text == "separate"):
+            raise ValueError(f"ToMe: {self.name}: partial_queries needs block reports and joint attention (text "
+                             f"'first' or 'last'), got reports_blocks={self.reports_blocks}, text={self.text!r}.")
 
 
 _DIFFUSIONMODULES = "comfy.ldm.modules.diffusionmodules."
 _DOUBLE_SINGLE = (ComfyBlocks("double_blocks", "double"), ComfyBlocks("single_blocks", "single"))
-_WAN_APPENDED = (Appended("time_dim_concat"),
-                 Appended("reference_latent", place="before", padded=False, requires="ref_conv"))
+_TIME_CONCAT = Appended("time_dim_concat", in_time=True)
+_WAN_APPENDED = (_TIME_CONCAT, Appended("reference_latent", place="before", padded=False, requires="ref_conv"))
+# Every Wan class: its i2v cross-attention's CLIP image tokens; 2026-08 classes that patch one latent report its grid.
+_WAN_HOST: Dict[str, Any] = dict(cross_keys=("clip_fea",), host_reports=("grid_sizes",))
 
 TABLE: Tuple[ComfyFamily, ...] = (
     # Flux.1, Flux.2 (same class, other parameters) and Kontext; measured: the single blocks by default.
     ComfyFamily("flux", ("comfy.ldm.flux.model.Flux",), "first",
                 (ComfyBlocks("double_blocks", "double", default=False), ComfyBlocks("single_blocks", "single")),
-                reports_blocks=True),
+                reports_blocks=True, host_reports=("img_slice",)),
     # Chroma and Chroma Radiance (pixel space, its patch embedding a conv): Flux's double/single blocks,
     # [text, image], blocks reported; every block by default (not measured apart, as in diffusers' Chroma).
     ComfyFamily("chroma", ("comfy.ldm.chroma.model.Chroma", "comfy.ldm.chroma_radiance.model.ChromaRadiance"),
-                "first", _DOUBLE_SINGLE, reports_blocks=True),
+                "first", _DOUBLE_SINGLE, reports_blocks=True, host_reports=("img_slice",)),
     # Krea 2 (2026-08 ComfyUIs): single-stream [text, image, references] blocks, reported; the text-fusion stack
     # sees the text alone. Its Wan 2.1-format latent [B, C, 1, H, W] is one image.
     ComfyFamily("krea2", ("comfy.ldm.krea2.model.SingleStreamDiT",), "first", (ComfyBlocks("blocks", "single"),),
-                reports_blocks=True, patch="patch", image_frames=True),
+                reports_blocks=True, patch="patch", image_frames=True, host_reports=("img_slice",)),
     # JoyImage (Edit) (2026-08 ComfyUIs): [video/image, reference latents, text], blocks reported.
     ComfyFamily("joyimage", ("comfy.ldm.joyimage.model.JoyImageTransformer3DModel",), "last",
                 (ComfyBlocks("double_blocks", "double"),), reports_blocks=True),
@@ -137,24 +162,37 @@ TABLE: Tuple[ComfyFamily, ...] = (
                 (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, image_frames=True),
     ComfyFamily("sd3", (_DIFFUSIONMODULES + "mmdit.OpenAISignatureMMDITWrapper", _DIFFUSIONMODULES + "mmdit.MMDiT"),
                 "first", (ComfyBlocks("joint_blocks", "joint"),)),  # _block_mixing concatenates [context, x]
-    # Wan: VACE runs its vace_blocks between the main ones, so its depth order is the order of the calls.
-    # time_dim_concat (Phantom's subject images) adds whole frames after the video; a model with a ref_conv
-    # (Wan 2.2 Fun) puts its reference image's tokens before it.
+    # Wan: VACE runs its vace_blocks between the main ones (reporting the main block's index), so its depth order is
+    # the order of the calls: counted. time_dim_concat (Phantom's subject images) adds whole frames after the video; a
+    # model with a ref_conv (Wan 2.2 Fun) puts its reference image's tokens before it. WanDancer (2026-08): WanModel's
+    # layout; its music encoder's and music injector's attentions are called without transformer_options.
     ComfyFamily("wan", ("comfy.ldm.wan.model.WanModel", "comfy.ldm.wan.model.VaceWanModel",
-                        "comfy.ldm.wan.model.CameraWanModel"), "separate",
-                (ComfyBlocks("blocks", "blocks"), ComfyBlocks("vace_blocks", "vace")), appended=_WAN_APPENDED),
+                        "comfy.ldm.wan.model.CameraWanModel", "comfy.ldm.wan.model_wandancer.WanDancerModel"),
+                "separate", (ComfyBlocks("blocks", "blocks"), ComfyBlocks("vace_blocks", "vace")),
+                appended=_WAN_APPENDED, **_WAN_HOST),
     # HuMo: its reference latent's frames follow the video in the sequence; the audio cross-attention keeps all.
     ComfyFamily("wan_humo", ("comfy.ldm.wan.model.HumoWanModel",), "separate", (ComfyBlocks("blocks", "blocks"),),
-                appended=(Appended("time_dim_concat"), Appended("reference_latent", padded=False))),
+                appended=(_TIME_CONCAT, Appended("reference_latent", padded=False)), **_WAN_HOST),
     # Wan 2.2 Animate: the latent's first frame is the reference (character) image; the face adapter's
     # attention is not reduced.
     ComfyFamily("wan_animate", ("comfy.ldm.wan.model_animate.AnimateWanModel",), "separate",
-                (ComfyBlocks("blocks", "blocks"),), appended=_WAN_APPENDED, reference_frames=1),
+                (ComfyBlocks("blocks", "blocks"),), appended=_WAN_APPENDED, reference_frames=1, **_WAN_HOST),
+    # Wan 2.2 S2V (2026-08: its blocks get transformer_options and report themselves): the video grid, then its
+    # reference image's and packed motion frames' tokens, kept whole whatever their number; its audio injector's
+    # attention is called without transformer_options.
+    ComfyFamily("wan_s2v", ("comfy.ldm.wan.model.WanModel_S2V",), "separate", (ComfyBlocks("blocks", "double"),),
+                reports_blocks=True, appended=(_TIME_CONCAT,), **_WAN_HOST),
+    # SCAIL / SCAIL-2 (2026-08): reference frames concatenated before the video in time (inside the reported grid),
+    # pose tokens after the grid (kept whole); blocks reported.
+    ComfyFamily("wan_scail", ("comfy.ldm.wan.model.SCAILWanModel", "comfy.ldm.wan.model.SCAIL2WanModel"), "separate",
+                (ComfyBlocks("blocks", "double"),), reports_blocks=True,
+                appended=(_TIME_CONCAT, Appended("reference_latent", place="before", in_time=True)), **_WAN_HOST),
     # HunyuanVideo (and 1.5, HunyuanImage 2.1: same class): [image, text]; its text grows inside the model
     # (byT5, vision tokens), so the tokens after the grid are kept whole, whatever their number. ComfyUI 0.13+
     # dropped DoubleStreamBlock's flipped_img_txt and runs [text, reference, image]: the grid ends the sequence.
     ComfyFamily("hunyuan_video", ("comfy.ldm.hunyuan_video.model.HunyuanVideo",), "last", _DOUBLE_SINGLE,
-                reports_blocks=True, grid_last_without=("comfy.ldm.flux.layers.DoubleStreamBlock", "flipped_img_txt")),
+                reports_blocks=True, grid_last_without=("comfy.ldm.flux.layers.DoubleStreamBlock", "flipped_img_txt"),
+                host_reports=("img_slice",)),
     # Ideogram 4 (2026-08 ComfyUIs): one stream [text, image], or the image alone in a call without text; its
     # 128-channel latent is already packed 2x2, so a latent cell is a token. No block reports: counted.
     ComfyFamily("ideogram4", ("comfy.ldm.ideogram4.model.Ideogram4Transformer2DModel",), "first",
@@ -178,6 +216,13 @@ TABLE: Tuple[ComfyFamily, ...] = (
     ComfyFamily("hidream", ("comfy.ldm.hidream.model.HiDreamImageTransformer2DModel",), "last",
                 (ComfyBlocks("double_stream_blocks", "double"), ComfyBlocks("single_stream_blocks", "single")),
                 text_tokens=(("c_crossattn", 1, 1), ("encoder_hidden_states_llama3", 2, 2))),
+    # HiDream O1 (2026-08): a Qwen3-VL decoder over [text (input_ids, reference-image ViT tokens spliced in), image
+    # (32 x 32 pixel patches), reference-image patches], layers reported. Its causal text runs outside ComfyUI's
+    # attention; the generation queries (from the last text token on) attend every key, and with its key/value cache
+    # only the fresh queries run: fewer queries than keys.
+    ComfyFamily("hidream_o1", ("comfy.ldm.hidream_o1.model.HiDreamO1Transformer",), "first",
+                (ComfyBlocks("language_model.layers", "double"),), reports_blocks=True,
+                text_tokens=(("input_ids", 1, 1),), partial_queries=True),
     # Kandinsky 5 (2026-08 ComfyUIs): text blocks over the text alone, then visual blocks (self-attention over
     # the grid, counted; cross-attention to the text).
     ComfyFamily("kandinsky5", ("comfy.ldm.kandinsky5.model.Kandinsky5",), "separate",
@@ -226,140 +271,17 @@ def grid_last(diffusion_model: Any) -> bool:
 
 def supported_names() -> str:
     return ("Flux.1/Flux.2/Kontext/LongCat-Image, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), "
-            "Wan 2.x (WanModel, VACE, Camera, HuMo, Animate), HiDream I1, Kandinsky 5, Krea 2, JoyImage, Mage-Flow, "
+            "Wan 2.x (WanModel, VACE, Camera, HuMo, Animate, S2V, SCAIL/SCAIL-2, WanDancer), HiDream I1/O1, "
+            "Kandinsky 5, Krea 2, JoyImage, Mage-Flow, "
             "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV), LTX-2 (LTXAV), "
             "Ideogram 4, Lens, Anima")
 
 
-def _attr_path(obj: Any, path: str) -> Any:
+def attr_path(obj: Any, path: str) -> Any:
+    """The attribute at a dotted path ("patchifier.patch_size", "language_model.layers"), None where one is missing."""
     for part in path.split("."):
         obj = getattr(obj, part, None)
     return obj
-
-
-def token_grid(diffusion_model: Any, latent: torch.Tensor, padded: bool = True) -> Optional[Tuple[int, ...]]:
-    """Token grid of a latent [B, C, (T,) H, W] after the model's patch embedding: the host pads it to the patch
-    (``padded``), else the patch conv drops what does not fill one. A 4-d latent of a video model (a reference
-    image) is patched on its last two axes."""
-    entry = family_of(diffusion_model)
-    model = base_model(diffusion_model)
-    if entry is None:
-        patch = None
-    elif isinstance(entry.patch, tuple):
-        patch = [_attr_path(model, path) for path in entry.patch]
-        patch = None if any(p is None for p in patch) else patch
-    else:
-        patch = entry.patch if isinstance(entry.patch, int) else _attr_path(model, entry.patch)
-    if patch is None:
-        return None
-    if entry.image_frames and latent.ndim == 5:
-        if latent.shape[2] != 1:
-            return None
-        latent = latent[:, :, 0]
-    patch = tuple(int(p) for p in patch) if isinstance(patch, (tuple, list)) else (int(patch),) * (latent.ndim - 2)
-    patch = patch[len(patch) - (latent.ndim - 2):] if len(patch) > latent.ndim - 2 > 0 else patch
-    if len(patch) != latent.ndim - 2:
-        return None
-    size = math.ceil if padded else math.floor
-    return tuple(size(n / p) for n, p in zip(latent.shape[2:], patch))
-
-
-def _appended(diffusion_model: Any, entry: ComfyFamily, extra: Dict[str, Any]) -> Optional[Tuple[int, int]]:
-    """(before, after): the tokens the call's appended latents add before and after the grid; None where one
-    of them cannot be patched as the table says."""
-    model, counts = base_model(diffusion_model), {"before": 0, "after": 0}
-    for item in entry.appended:
-        latent = extra.get(item.keyword)
-        if not isinstance(latent, torch.Tensor) or (item.requires and getattr(model, item.requires, None) is None):
-            continue
-        grid = token_grid(diffusion_model, latent, padded=item.padded)
-        if grid is None:
-            return None
-        counts[item.place] += math.prod(grid)
-    return counts["before"], counts["after"]
-
-
-def _padding(count: int, multiple: Optional[int]) -> int:
-    return (-count) % multiple if multiple else 0
-
-
-def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tensor],
-                 extra: Optional[Dict[str, Any]] = None) -> Optional[TokenLayout]:
-    """Token layout of one model call from the latent x, the text, the patch size and the call's keywords.
-
-    Tokens after the grid that the model adds itself (HunyuanVideo's text, Flux Kontext's and Qwen-Image-Edit's
-    reference images) are not part of the layout: the override keeps them whole, whatever their number.
-    HunyuanVideo puts reference-latent tokens (``ref_latent``) before its grid: they become the prefix.
-    """
-    entry, extra = family_of(diffusion_model), extra or {}
-    if entry is not None and any(extra.get(key) is not None for key in entry.unknown_with):
-        return None
-    if entry is not None and entry.streams:
-        shapes = extra.get(entry.streams)
-        if shapes:  # x is the packed streams [B, 1, N]: the grid comes from the first stream's shape
-            x = torch.empty(tuple(shapes[0]), device="meta")
-    grid = None if entry is None else token_grid(diffusion_model, x)
-    if grid is None:
-        return None
-    model = base_model(diffusion_model)
-    if entry.text == "separate":
-        guide = extra.get(entry.conditioning) if entry.conditioning else None
-        if not isinstance(guide, torch.Tensor):
-            appended = _appended(diffusion_model, entry, extra)
-            replaced = extra.get(entry.replaced_frames) if entry.replaced_frames else None
-            replaced = token_grid(diffusion_model, replaced) if isinstance(replaced, torch.Tensor) else ()
-            if appended is None or replaced is None or replaced and len(replaced) != 3:
-                return None
-            frames = entry.reference_frames + (replaced[0] if replaced else 0)
-            if frames and (len(grid) != 3 or grid[0] <= frames):
-                return None
-            before = appended[0] + frames * math.prod(grid[1:])
-            return TokenLayout((grid[0] - frames,) + grid[1:] if frames else grid, prefix=before, suffix=appended[1])
-        frame = math.prod(grid[1:])  # guide frames follow the video's frames in the latent: whole frames
-        kept = int(guide.shape[2])
-        if len(grid) != 3 or kept % frame or kept // frame >= grid[0]:
-            return None
-        return TokenLayout((grid[0] - kept // frame,) + grid[1:], suffix=kept)
-    if entry.text == "last" and entry.text_tokens:
-        inputs = dict(extra, c_crossattn=context)
-        if any(not isinstance(inputs.get(key), torch.Tensor) or inputs[key].ndim <= axis
-               for key, axis, _ in entry.text_tokens):
-            return None
-        return TokenLayout(grid, suffix=sum(inputs[key].shape[axis] * times for key, axis, times in entry.text_tokens))
-    if entry.text == "last":
-        reference = extra.get("ref_latent")
-        if not isinstance(reference, torch.Tensor) or grid_last(diffusion_model):  # grid last: the rest is before it
-            return TokenLayout(grid)
-        ref_grid = token_grid(diffusion_model, reference)
-        return None if ref_grid is None else TokenLayout(grid, prefix=math.prod(ref_grid))
-    if context is None:
-        return TokenLayout(grid) if entry.text_optional else None
-    multiple = int(getattr(model, entry.pad_multiple, 0) or 0) if entry.pad_multiple else 0
-    text = context.shape[1] + _padding(context.shape[1], multiple)
-    prefix = text + int(getattr(model, "register_length", 0) or 0)
-    return TokenLayout(grid, prefix=prefix, suffix=_padding(math.prod(grid), multiple))
-
-
-def ambiguous_lengths(diffusion_model: Any, context: Optional[torch.Tensor],
-                      extra: Optional[Dict[str, Any]] = None) -> Tuple[int, ...]:
-    """Key lengths of the call's other attentions whose queries could be the grid's: a cross-attention's text
-    (text "separate") and the other packed streams (``streams``). A layout of one of these lengths cannot be told
-    from them, so such a call is left whole."""
-    entry, extra = family_of(diffusion_model), extra or {}
-    if entry is None:
-        return ()
-    lengths = []
-    if entry.text == "separate" and isinstance(context, torch.Tensor):
-        lengths.append(int(context.shape[1]))
-    shapes = extra.get(entry.streams) if entry.streams else None
-    prefix = extra.get(entry.stream_prefix) if entry.stream_prefix else None
-    prefix = prefix.get("tokens") if isinstance(prefix, dict) else None
-    for shape in list(shapes or ())[1:]:
-        if len(shape) >= 3:
-            lengths.append(int(shape[2]))
-            if isinstance(prefix, torch.Tensor) and prefix.ndim >= 2:
-                lengths.append(int(shape[2]) + int(prefix.shape[1]))
-    return tuple(lengths)
 
 
 def block_offsets(diffusion_model: Any) -> Tuple[Dict[str, int], Dict[str, int]]:
@@ -369,7 +291,7 @@ def block_offsets(diffusion_model: Any) -> Tuple[Dict[str, int], Dict[str, int]]
     counts: Dict[str, int] = {}
     for blocks in entry.blocks if entry else ():
         offsets[blocks.reported], counts[blocks.reported] = sum(counts.values()), \
-            len(getattr(model, blocks.attr, None) or ())
+            len(attr_path(model, blocks.attr) or ())
     return offsets, counts
 
 
