@@ -168,6 +168,21 @@ def z_image(comfy):
     return patcher, torch.zeros(1, 16, 12, 10), _cond(5, 32), dict(prefix=32, grid=30, suffix=2), 2
 
 
+def omnigen2(comfy, refs: bool = False):
+    """OmniGen2: main layers over [text 5, image 5 x 7] after refiners over each alone (counted); with ``refs`` a
+    reference latent's 3 x 4 tokens (padded to the patch: odd sides) sit between the text and the image."""
+    config_cls = _require("comfy.supported_models", "Omnigen2")
+    patcher = _patcher(comfy, config_cls, dict(
+        image_model="omnigen2", patch_size=2, in_channels=16, hidden_size=32, num_layers=2, num_refiner_layers=1,
+        num_attention_heads=2, num_kv_heads=1, multiple_of=16, axes_dim_rope=(4, 6, 6), axes_lens=(300, 64, 64),
+        text_feat_dim=32))
+    extra = dict(attention_mask=torch.ones(1, 5, dtype=torch.long))  # as its text encoder hands it over
+    if refs:
+        extra["reference_latents"] = [torch.randn(1, 16, 5, 7, generator=torch.Generator().manual_seed(5))]
+    return patcher, torch.zeros(1, 16, 10, 13), _cond(5, 32, **extra), \
+        dict(prefix=5 + (12 if refs else 0), grid=35, suffix=0), 2
+
+
 def ltxv(comfy):
     _require("comfy.ldm.lightricks.model", "LTXVModel")
     patcher = _patcher(comfy, comfy.supported_models.LTXV, dict(
@@ -396,7 +411,7 @@ FAMILIES = {"flux2": flux2, "chroma": chroma, "chroma_radiance": chroma_radiance
             "wan_animate": wan_animate, "hidream": hidream, "hunyuan_video15": hunyuan_video15,
             "hunyuan_image21": hunyuan_image21, "kandinsky5": kandinsky5, "longcat_image": longcat_image,
             "krea2": krea2, "joyimage": joyimage, "mage_flow": mage_flow, "wan_s2v": wan_s2v, "wan_scail": wan_scail,
-            "wan_dancer": wan_dancer, "hidream_o1": hidream_o1}
+            "wan_dancer": wan_dancer, "hidream_o1": hidream_o1, "omnigen2": omnigen2}
 TABLE_NAME = {"flux2": "flux", "z_image": "lumina2", "chroma_radiance": "chroma", "wan_phantom": "wan",
               "hunyuan_video15": "hunyuan_video", "hunyuan_image21": "hunyuan_video", "longcat_image": "flux",
               "wan_dancer": "wan"}
@@ -482,7 +497,7 @@ def _seeded_patcher(comfy, model):
 
 
 @pytest.mark.parametrize("family", ["chroma", "chroma_radiance", "hidream", "wan_phantom", "wan_humo", "wan_animate",
-                                    "wan_s2v", "wan_scail", "hidream_o1"])
+                                    "wan_s2v", "wan_scail", "hidream_o1", "omnigen2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_batch_of_three_and_bf16(comfy, family, dtype):
     """Odd-sized latents in a batch of 3 (conditioning repeated by ComfyUI), the model in float32 or bf16: ratio 0
@@ -532,6 +547,16 @@ def test_reference_latent_tokens_keep_every_key(comfy, family):
     _check_kept(vanilla, patched, where, reduced)
 
 
+def test_omnigen2_reference_latent_tokens_keep_every_key(comfy):
+    """OmniGen2's reference latent (5 x 7, padded to 6 x 8: 3 x 4 tokens) sits between its text and its image in the
+    main layers: text and reference keep every key, the image's keys are reduced in both layers."""
+    patcher, latent, cond, where, reduced = omnigen2(comfy, refs=True)
+    vanilla = _spied(comfy, patcher, latent, cond)
+    assert max(a[1].shape[_seq(a)] for a in vanilla) == where["prefix"] + where["grid"]
+    patched = _spied(comfy, patcher, latent, cond, ToMeConfig(ratio=0.5, mode="kv", seed=3))
+    _check_kept(vanilla, patched, where, reduced)
+
+
 def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
     patcher, latent, cond, where, reduced = qwen_image(comfy, refs=True)
     vanilla = _spied(comfy, patcher, latent, cond)
@@ -542,7 +567,7 @@ def test_qwen_image_edit_reference_tokens_keep_every_key(comfy):
 
 @pytest.mark.parametrize("family", ["chroma", "qwen_image", "lumina2", "ltxv", "ltxav", "ideogram4", "lens",
                                     "anima", "hidream", "kandinsky5", "wan_s2v", "wan_scail", "wan_dancer",
-                                    "hidream_o1"])
+                                    "hidream_o1", "omnigen2"])
 def test_block_range_reduces_the_second_half(comfy, family):
     """Block range 0.5-1: of the self-attentions whose keys span the layout (SCAIL's pose tokens after it; HiDream
     O1's fewer queries), exactly the second half is shortened."""

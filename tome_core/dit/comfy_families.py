@@ -29,7 +29,7 @@ class ComfyBlocks:
 @dataclass(frozen=True)
 class Appended:
     """Latent tokens a model adds beside its grid from one keyword of the call (a reference image, frames
-    concatenated in time); they keep every key.
+    concatenated in time, or a list of reference latents: OmniGen2's); they keep every key.
 
     place: "before" or "after" the grid in the self-attention's sequence.
     padded: the host pads that latent to the patch size (ceil); otherwise its patch conv drops the rest (floor).
@@ -206,6 +206,10 @@ TABLE: Tuple[ComfyFamily, ...] = (
     # itself (video-to-world conditioning frames inside the grid) is not in the table.
     ComfyFamily("anima", ("comfy.ldm.anima.model.Anima",), "separate", (ComfyBlocks("blocks", "blocks"),),
                 patch=("patch_temporal", "patch_spatial", "patch_spatial")),
+    # OmniGen2: refiners over the text, the reference latents and the image alone (other lengths: never reduced),
+    # then main layers over [text, reference latents (each padded to the patch), image]; no block reports: counted.
+    ComfyFamily("omnigen2", ("comfy.ldm.omnigen.omnigen2.OmniGen2Transformer2DModel",), "first",
+                (ComfyBlocks("layers", "layers"),), appended=(Appended("ref_latents", place="before"),)),
     # Lumina 2 and Z-Image: [caption (+ padding), image (+ padding)] in the main layers; the refiners see
     # the caption or the image alone (other lengths: never reduced).
     ComfyFamily("lumina2", ("comfy.ldm.lumina.model.NextDiT",), "first", (ComfyBlocks("layers", "layers"),),
@@ -274,7 +278,7 @@ def supported_names() -> str:
             "Wan 2.x (WanModel, VACE, Camera, HuMo, Animate, S2V, SCAIL/SCAIL-2, WanDancer), HiDream I1/O1, "
             "Kandinsky 5, Krea 2, JoyImage, Mage-Flow, "
             "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV), LTX-2 (LTXAV), "
-            "Ideogram 4, Lens, Anima")
+            "Ideogram 4, Lens, Anima, OmniGen2")
 
 
 def attr_path(obj: Any, path: str) -> Any:

@@ -49,14 +49,16 @@ def _appended(diffusion_model: Any, entry: ComfyFamily, extra: Dict[str, Any],
     the table says."""
     model, counts = base_model(diffusion_model), {"before": 0, "after": 0}
     for item in entry.appended:
-        latent = extra.get(item.keyword)
-        if not isinstance(latent, torch.Tensor) or (item.requires and getattr(model, item.requires, None) is None) \
-                or frames and not item.in_time:
+        latents = extra.get(item.keyword)
+        if item.requires and getattr(model, item.requires, None) is None or frames and not item.in_time:
             continue
-        grid = token_grid(diffusion_model, latent, padded=item.padded)
-        if grid is None or frames and len(grid) != 3:
-            return None
-        counts[item.place] += grid[0] if frames else math.prod(grid)
+        for latent in latents if isinstance(latents, (list, tuple)) else (latents,):
+            if not isinstance(latent, torch.Tensor):
+                continue
+            grid = token_grid(diffusion_model, latent, padded=item.padded)
+            if grid is None or frames and len(grid) != 3:
+                return None
+            counts[item.place] += grid[0] if frames else math.prod(grid)
     return counts["before"], counts["after"]
 
 
@@ -121,10 +123,13 @@ def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.
         return None if ref_grid is None else TokenLayout(grid, prefix=math.prod(ref_grid))
     if context is None:
         return TokenLayout(grid) if entry.text_optional else None
+    appended = _appended(diffusion_model, entry, extra)
+    if appended is None:
+        return None
     multiple = int(getattr(model, entry.pad_multiple, 0) or 0) if entry.pad_multiple else 0
     text = context.shape[1] + _padding(context.shape[1], multiple)
-    prefix = text + int(getattr(model, "register_length", 0) or 0)
-    return TokenLayout(grid, prefix=prefix, suffix=_padding(math.prod(grid), multiple))
+    prefix = text + int(getattr(model, "register_length", 0) or 0) + appended[0]
+    return TokenLayout(grid, prefix=prefix, suffix=_padding(math.prod(grid), multiple) + appended[1])
 
 
 def _separate_layout(diffusion_model: Any, entry: ComfyFamily, grid: Tuple[int, ...],
