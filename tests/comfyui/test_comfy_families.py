@@ -286,7 +286,7 @@ def wan_s2v(comfy, refs: bool = False):
     built = _wan_s2v(comfy, refs)
     if not _reached(comfy, *built[:3]):
         pytest.skip("this ComfyUI's comfy.ldm.wan.model.WanModel_S2V calls its blocks without transformer_options: "
-                    "no override reaches them (test_wan_s2v_out_of_reach_warns_and_leaves_the_image covers it)")
+                    "no override reaches them (test_wan_s2v_out_of_reach_is_refused_before_sampling covers it)")
     return built
 
 
@@ -593,20 +593,18 @@ def test_wan_s2v_reference_and_motion_tokens_keep_every_key(comfy, caplog):
     assert not [r for r in caplog.records if "reduces nothing" in r.getMessage()]
 
 
-def test_wan_s2v_out_of_reach_warns_and_leaves_the_image(comfy, caplog):
-    """ComfyUI 0.3.x calls S2V's blocks without transformer_options: no attention reaches the override, so the first
-    model call logs once that ToMe reduces nothing, and the image is the unpatched one bit for bit."""
+def test_wan_s2v_out_of_reach_is_refused_before_sampling(comfy):
+    """ComfyUI 0.3.x calls S2V's blocks without transformer_options, so no override could reach them: the node is
+    refused before sampling, naming the class, the method and the fix (never accepted and left unreduced)."""
     patcher, latent, cond, _, _ = _wan_s2v(comfy)
     if _reached(comfy, patcher, latent, cond):
         pytest.skip("this ComfyUI passes transformer_options to WanModel_S2V's blocks: reached (the wan_s2v tests run)")
-    expected = sample(comfy, patcher, latent, cond)
-    with caplog.at_level("WARNING", logger="tome.dit"):
-        patched = sample(comfy, patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv")), latent, cond)
-    assert torch.equal(patched, expected)
-    assert [r.getMessage() for r in caplog.records].count(
-        "ToMe: no attention of WanModel_S2V's first model call reached ComfyUI's attention override (this ComfyUI "
-        "calls its blocks without transformer_options, or a node replaced the override): ToMe reduces nothing on "
-        "this model here.") == 1
+    with pytest.raises(TypeError) as refused:
+        patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv"))
+    assert str(refused.value) == (
+        "ToMe: WanModel_S2V cannot be reduced here: this ComfyUI's comfy.ldm.wan.model.WanModel_S2V.forward_orig "
+        "calls its blocks without transformer_options, so no attention override reaches them; update ComfyUI (2026 "
+        "ComfyUIs pass them).")
 
 
 def test_hidream_o1_cached_pass_is_reduced(comfy):

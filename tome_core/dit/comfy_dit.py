@@ -18,7 +18,7 @@ import torch
 
 from ..config import ToMeConfig
 from .comfy_families import ComfyFamily, base_model, block_offsets, default_start, family_of, grid_last, \
-    supported_names
+    supported_names, unreached
 from .comfy_layout import ambiguous_lengths, token_layout
 from .comfy_reports import ReportBasis, agrees, host_report, report_basis, reported_layout
 from .diffusers_dit import check_config
@@ -325,6 +325,9 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
         raise TypeError(f"ToMe: {name} is not a DiT that ToMe's kv mode can reach in ComfyUI ({module}.{name}); "
                         f"supported: "
                         f"{supported_names()}. UNet models (SD1.x/SD2.x/SDXL) use the UNet patch.")
+    reason = unreached(diffusion_model)
+    if reason:
+        raise TypeError(f"ToMe: {type(base_model(diffusion_model)).__name__} cannot be reduced here: {reason}.")
     check_config(diffusion_model, config)
     chosen = blocks_on(diffusion_model, config)
     if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():

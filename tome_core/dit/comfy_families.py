@@ -98,6 +98,9 @@ class ComfyFamily:
         self-attention, whatever its query count.
     cross_keys: keywords of the call whose token count (axis -2) is the key length of a cross-attention beside the
         text (Wan i2v's clip_fea: 257 image tokens): a self-attention of that length cannot be told from it.
+    blocks_reached_by: (method, source text) the model class's own method must hold for its blocks to receive
+        ``transformer_options`` (Wan S2V: ComfyUI 0.3.x's ``forward_orig`` calls them without it, so no override can
+        reach them): a host whose code lacks it is refused before sampling, never accepted and left unreduced.
     """
 
     name: str
@@ -122,6 +125,7 @@ class ComfyFamily:
     host_reports: Tuple[str, ...] = ()
     partial_queries: bool = False
     cross_keys: Tuple[str, ...] = ()
+    blocks_reached_by: Optional[Tuple[str, str]] = None
 
     def __post_init__(self) -> None:
         unknown = set(self.host_reports) - {"grid_sizes", "img_slice"}
@@ -181,7 +185,8 @@ TABLE: Tuple[ComfyFamily, ...] = (
     # reference image's and packed motion frames' tokens, kept whole whatever their number; its audio injector's
     # attention is called without transformer_options.
     ComfyFamily("wan_s2v", ("comfy.ldm.wan.model.WanModel_S2V",), "separate", (ComfyBlocks("blocks", "double"),),
-                reports_blocks=True, appended=(_TIME_CONCAT,), **_WAN_HOST),
+                reports_blocks=True, appended=(_TIME_CONCAT,), **_WAN_HOST,
+                blocks_reached_by=("forward_orig", "transformer_options=transformer_options")),
     # SCAIL / SCAIL-2 (2026-08): reference frames concatenated before the video in time (inside the reported grid),
     # pose tokens after the grid (kept whole); blocks reported.
     ComfyFamily("wan_scail", ("comfy.ldm.wan.model.SCAILWanModel", "comfy.ldm.wan.model.SCAIL2WanModel"), "separate",
@@ -271,6 +276,24 @@ def grid_last(diffusion_model: Any) -> bool:
     except (ImportError, AttributeError):
         return False
     return parameter not in inspect.signature(host_class.__init__).parameters
+
+
+def unreached(diffusion_model: Any) -> Optional[str]:
+    """Why this host's class cannot reach the attention override (``blocks_reached_by``), else None. Read from the
+    class's own source: a method whose source cannot be read counts as not reaching (never guessed)."""
+    entry = family_of(diffusion_model)
+    if entry is None or entry.blocks_reached_by is None:
+        return None
+    method, text = entry.blocks_reached_by
+    cls = type(base_model(diffusion_model))
+    try:
+        source = inspect.getsource(getattr(cls, method))
+    except (AttributeError, OSError, TypeError):
+        source = ""
+    if text in source:
+        return None
+    return (f"this ComfyUI's {cls.__module__}.{cls.__qualname__}.{method} calls its blocks without "
+            "transformer_options, so no attention override reaches them; update ComfyUI (2026 ComfyUIs pass them)")
 
 
 def supported_names() -> str:
