@@ -5,7 +5,7 @@ Imports torch and itself only; hosts are recognised by duck typing. Start with `
 from .config import ToMeConfig
 from .levels import attention_base_downsample, grid_for_tokens
 from .merge import bipartite_soft_matching, kv_pick_index, kv_pool_window, make_partition, pool_tokens
-from .patch import apply_patch, is_patched, patch_config, remove_patch
+from .patch import apply_patch, describe, is_patched, patch_config, remove_patch
 from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 from ._version import __version__  # one source: [project] version in pyproject.toml
 
@@ -17,6 +17,7 @@ __all__ = [
     "apply_patch",
     "attention_base_downsample",
     "bipartite_soft_matching",
+    "describe",
     "grid_for_tokens",
     "is_patched",
     "kv_pick_index",

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 from typing import Optional, Tuple
 
 MODES = ("merge", "kv")
+MATCHINGS = ("block", "level")
+SPEED_CHECKS = ("off", "auto", "on")
 KV_DOWNSAMPLES = ("nearest", "avg")
 MAX_DOWNSAMPLES = (1, 2, 4, 8)
 
@@ -46,6 +48,12 @@ class ToMeConfig:
     mode: "merge" (tomesd's merge/unmerge) or "kv" (keep every query, downsample keys and values).
     kv_downsample: how mode "kv" downsamples: "nearest" (one token per window, ToDo's default; the
         lower error on SD1.5 in our measurements) or "avg" (the window's mean; lower on SDXL).
+    matching: mode "merge" only: "block" (tomesd's: every block matches its own input) or "level"
+        (the first block of a level matches its input once per model call, and the level's other
+        blocks reuse that matching: one matching instead of one per block, a different result).
+    speed_check: "off" (tomesd's: every selected level is reduced), "auto" (on a GPU, each level is
+        timed once per device and shape and left whole where reducing it measured slower; the CPU is
+        not timed) or "on" (timed on any device, the CPU included). See speed_check.py.
     seed: seed of the partition's dedicated generator; the global RNG is never touched.
     start_percent, end_percent: the part of the sampling schedule (0 = first step, 1 = last)
         where ToMe is active.
@@ -67,6 +75,8 @@ class ToMeConfig:
     merge_mlp: bool = False
     mode: str = "merge"
     kv_downsample: str = "nearest"
+    matching: str = "block"
+    speed_check: str = "off"
     seed: int = 0
     start_percent: float = 0.0
     end_percent: float = 1.0
@@ -94,6 +104,11 @@ class ToMeConfig:
             raise ValueError(f"ToMe: mode must be one of {MODES}, got {self.mode!r}.")
         if self.kv_downsample not in KV_DOWNSAMPLES:
             raise ValueError(f"ToMe: kv_downsample must be one of {KV_DOWNSAMPLES}, got {self.kv_downsample!r}.")
+        if self.matching not in MATCHINGS:
+            raise ValueError(f"ToMe: matching must be one of {MATCHINGS}, got {self.matching!r}.")
+        if self.speed_check not in SPEED_CHECKS:
+            raise ValueError(f"ToMe: speed_check must be one of {SPEED_CHECKS}, got {self.speed_check!r}; "
+                             "'off' reduces every selected level, 'auto' times them on a GPU.")
         if self.mode == "kv" and (self.merge_crossattn or self.merge_mlp):
             raise ValueError(
                 "ToMe: mode='kv' only pools self-attention keys/values; set merge_crossattn=False and "

@@ -16,7 +16,7 @@ import torch
 from .config import ToMeConfig
 from .fused_kv import add_kv_projection
 from .host_caches import Guarded, refuse_caches_inside
-from .levels import attention_base_downsample, transformer_blocks
+from .levels import attention_base_downsample, attention_levels, transformer_blocks
 from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 
 STATE_ATTR = "_tome_core"
@@ -58,7 +58,7 @@ class PatchState:
             return IDENTITY_PLAN
         if grid in self.tables:
             return self.merger.plan_with(hidden, grid, self.tables[grid])
-        return self.merger.plan_at(hidden, grid, self.step_key)  # a grid no level formula predicted
+        return self.merger.plan_at(hidden, grid, self.step_key, self.latent_hw)  # a grid no level formula predicted
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -76,6 +76,13 @@ def step_of(timestep: Any) -> Tuple[float, Optional[float]]:
         timestep = timestep.reshape(-1)[0].item()
     key = float(timestep)
     return key, min(max(1.0 - key / _TRAIN_TIMESTEPS, 0.0), 1.0)
+
+
+def compute_dtype(unet: torch.nn.Module, sample: torch.Tensor) -> torch.dtype:
+    """The dtype the UNet's attention runs in: its own ``dtype`` (diffusers, LDM: inputs are cast to
+    it), else the sample's."""
+    dtype = getattr(unet, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else sample.dtype
 
 
 def not_compiled(fn):
@@ -197,7 +204,7 @@ def check_partners(unet: torch.nn.Module, config: ToMeConfig) -> None:
 
 def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
     """Hook every transformer block of ``unet``; raises TypeError (and hooks nothing) if it has none."""
-    state = PatchState(config=config, merger=TokenMerger(config, attention_base_downsample(unet)))
+    state = PatchState(config=config, merger=TokenMerger(config, attention_base_downsample(unet), attention_levels(unet)))
     blocks = transformer_blocks(unet)
     if config.enabled:  # apply_patch checked them (check_partners); each model call checks again
         state.guarded = guarded_modules(unet, config)
@@ -214,7 +221,8 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
         if state.merger.needs_step() or state.config.start_percent > 0 or state.config.end_percent < 1:
             state.step_key, state.progress = step_of(timestep)
         state.active = state.config.in_schedule(state.progress)
-        state.tables = state.merger.step_tables(state.latent_hw, state.step_key, sample.device) if state.active else {}
+        state.tables = state.merger.step_tables(state.latent_hw, state.step_key, sample.device, int(sample.shape[0]),
+                                                compute_dtype(module, sample)) if state.active else {}
         return None
 
     state.handles.append(unet.register_forward_pre_hook(record_step, with_kwargs=True))

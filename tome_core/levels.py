@@ -8,7 +8,8 @@ there instead of doing nothing as tomesd does.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -42,6 +43,55 @@ def grid_for_tokens(n_tokens: int, latent_h: int, latent_w: int) -> Optional[Tup
 
 def _has_downsampler(module: torch.nn.Module) -> bool:
     return any("Downsample" in type(m).__name__ for m in module.modules())
+
+
+def _has_upsampler(module: torch.nn.Module) -> bool:
+    return any("Upsample" in type(m).__name__ for m in module.modules())
+
+
+@dataclass(frozen=True)
+class Level:
+    """The transformer blocks that share one token grid: what a timing of that level needs."""
+
+    downsample: int  # latent downsampling of the level's tokens (1 = the latent grid itself)
+    blocks: int  # transformer blocks on it, down path, middle and up path together
+    channels: int  # width of their self-attention input
+    heads: int
+
+
+def _width_and_heads(block: torch.nn.Module) -> Tuple[int, int]:
+    attention = getattr(block, "attn1", None)
+    to_q = getattr(attention, "to_q", None)
+    channels = getattr(to_q, "in_features", None)
+    if channels is None:
+        shape = getattr(getattr(block, "norm1", None), "normalized_shape", None) or (0,)
+        channels = shape[0]
+    return int(channels), int(getattr(attention, "heads", 1) or 1)
+
+
+def attention_levels(unet: torch.nn.Module) -> Dict[int, Level]:
+    """Each attention level of a UNet by its latent downsampling, found from the module tree.
+
+    Walks the stages in execution order (down path, middle, up path): a stage's blocks sit at the
+    resolution it receives; a stage with a downsampler halves it after them, one with an
+    upsampler doubles it after them (diffusers, LDM/SGM and ComfyUI UNets alike).
+    """
+    if hasattr(unet, "down_blocks"):
+        stages = list(unet.down_blocks) + [unet.mid_block] + list(getattr(unet, "up_blocks", []))
+    else:
+        stages = list(_levels_in_order(unet)) + list(getattr(unet, "output_blocks", []))
+    found: Dict[int, list] = {}
+    downsample = 1
+    for stage in stages:
+        if stage is None:
+            continue
+        for block in transformer_blocks(stage):
+            found.setdefault(downsample, []).append(block)
+        if _has_downsampler(stage):
+            downsample *= 2
+        elif _has_upsampler(stage):
+            downsample = max(1, downsample // 2)
+    return {ds: Level(ds, len(blocks), *_width_and_heads(blocks[0])) for ds, blocks in sorted(found.items())}
 
 
 def _levels_in_order(unet: torch.nn.Module) -> Iterable[torch.nn.Module]:

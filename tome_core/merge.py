@@ -29,14 +29,22 @@ def do_nothing(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Partition:
-    """Destination/source split of an h*w token grid (raster order), shared across a batch.
+    """Destination/source split of an h*w token grid (raster order), shared across a batch and step.
 
     dst_idx: [Nd] token indices of the destinations (one per full sx*sy cell).
     src_idx: [Ns] the remaining token indices, including the ragged right/bottom border.
+    dst_mask: [N] float, -inf at destinations and 0 at sources: keeps destinations out of the top-r.
+    base_slot: [N] long, a destination's place among the destinations, Nd - 1 at sources (whose
+        place in the merged sequence is Nd - 1 + their rank among the unmerged sources).
+    is_src: [N] long, 1 at sources.
+    The last three let ``match_tokens`` work on the whole sequence without gathering the sources.
     """
 
     dst_idx: torch.Tensor
     src_idx: torch.Tensor
+    dst_mask: torch.Tensor
+    base_slot: torch.Tensor
+    is_src: torch.Tensor
 
     @property
     def num_dst(self) -> int:
@@ -50,6 +58,7 @@ def make_partition(h: int, w: int, sx: int, sy: int, cell_choice: Optional[torch
     cell_choice: [h // sy, w // sx] integers in [0, sx*sy) choosing the cell's destination in
         row-major order inside the cell; None picks the top-left token (tomesd's use_rand=False).
     Tokens of a partial cell at the right or bottom border are all sources, as in tomesd.
+    Built on the CPU once per grid and step, then moved to ``device`` without a host sync.
     """
     hsy, wsx = h // sy, w // sx
     if cell_choice is None:
@@ -62,8 +71,14 @@ def make_partition(h: int, w: int, sx: int, sy: int, cell_choice: Optional[torch
     # A stable sort puts the sources, then the destinations, each in raster order: the same split as
     # nonzero() without its data-dependent shape (the number of destinations is hsy * wsx).
     order = torch.sort(is_dst, stable=True).indices
-    num_src = h * w - hsy * wsx
-    return Partition(dst_idx=to_device(order[num_src:], device), src_idx=to_device(order[:num_src], device))
+    num_src, num_dst = h * w - hsy * wsx, hsy * wsx
+    dst_idx = order[num_src:]
+    base_slot = torch.full((h * w,), num_dst - 1, dtype=torch.long)
+    base_slot[dst_idx] = torch.arange(num_dst)
+    dst_mask = torch.zeros(h * w).masked_fill_(is_dst.bool(), float("-inf"))
+    return Partition(dst_idx=to_device(dst_idx, device), src_idx=to_device(order[:num_src], device),
+                     dst_mask=to_device(dst_mask, device), base_slot=to_device(base_slot, device),
+                     is_src=to_device(1 - is_dst.long(), device))
 
 
 def to_device(x: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -78,7 +93,8 @@ def to_device(x: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return x.to(device)
 
 
-SCORE_CHUNK_ELEMENTS = 1 << 23  # ~16 MB of bf16 scores at a time
+SCORE_CHUNK_ELEMENTS = 1 << 23  # ~32 MB of fp32 scores at a time on the CPU (cache-sized)
+SCORE_CHUNK_ELEMENTS_GPU = 1 << 26  # 128 MB of bf16 on a GPU: one or two launches up to 1024 px
 
 
 def best_destinations(src: torch.Tensor, dst: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -89,72 +105,94 @@ def best_destinations(src: torch.Tensor, dst: torch.Tensor) -> Tuple[torch.Tenso
     so it is never materialised whole; the result is the same.
     """
     batch, num_src, _ = src.shape
-    rows = max(1, SCORE_CHUNK_ELEMENTS // max(1, batch * dst.shape[1]))
+    budget = SCORE_CHUNK_ELEMENTS if src.device.type == "cpu" else SCORE_CHUNK_ELEMENTS_GPU
+    rows = max(1, budget // max(1, batch * dst.shape[1]))
     dst_t = dst.transpose(-1, -2)
     if rows >= num_src:
-        return (src @ dst_t).max(dim=-1)
-    best = [(src[:, i:i + rows] @ dst_t).max(dim=-1) for i in range(0, num_src, rows)]
+        return torch.bmm(src, dst_t).max(dim=-1)
+    best = [torch.bmm(src[:, i:i + rows], dst_t).max(dim=-1) for i in range(0, num_src, rows)]
     return torch.cat([b.values for b in best], dim=1), torch.cat([b.indices for b in best], dim=1)
 
 
-def bipartite_soft_matching(metric: torch.Tensor, partition: Partition, r: int) -> Tuple[TokenFn, TokenFn]:
-    """Match sources to destinations on ``metric`` and return (merge, unmerge) closures.
+@dataclass(frozen=True)
+class Matching:
+    """Where every token of a [B, N, C] sequence goes when r of them are merged away.
+
+    slot: [B, N] each token's place in the merged sequence [destinations | unmerged sources];
+    the rest is ``slot`` laid out for the two ops that use it, built once per matching so that
+    merging is one scatter-add and a scale, and unmerging one row gather.
+    """
+
+    shape: Tuple[int, int, int]  # (batch, tokens, merged tokens)
+    slot: torch.Tensor
+    scatter_index: torch.Tensor  # [B * N, C] the flat slot of each token, broadcast over channels
+    inverse_counts: torch.Tensor  # [B * N', 1] 1 / tokens averaged into each merged token
+    flat_slot: torch.Tensor  # [B * N] slot + batch offset
+
+    def functions(self) -> Tuple[TokenFn, TokenFn]:
+        """(merge, unmerge) as partials of module-level functions: torch.compile carries them from the
+        block's pre-hook to its attention hooks without breaking the graph (closures would)."""
+        return partial(_merge, matching=self), partial(_unmerge, matching=self)
+
+
+def match_tokens(metric: torch.Tensor, partition: Partition, r: int) -> Optional[Matching]:
+    """Bipartite soft matching of ``metric``'s tokens on ``partition``; None when nothing is merged.
 
     metric: [B, N, C] tokens whose cosine similarity decides the matching (the block input).
-    r: number of tokens to remove; clipped to the number of sources; r <= 0 gives the identity.
+    r: number of tokens to remove, clipped to the number of sources. The r sources most similar to
+    their best destination are averaged into it (tomesd 0.1.3's maths). Scores are taken for every
+    token against the destinations, the destinations' own rows masked out, so no source is gathered
+    and merged tokens come out as positions in the sequence: a few large ops, no sort, no host sync.
+    """
+    batch, n_tokens, channels = metric.shape
+    num_dst = partition.num_dst
+    r = min(r, n_tokens - num_dst)
+    if r <= 0:
+        return None
+    num_out = n_tokens - r
+    with torch.no_grad():
+        metric = metric / metric.norm(dim=-1, keepdim=True)
+        node_max, node_idx = best_destinations(metric, metric.index_select(1, partition.dst_idx))
+        merged = (node_max + partition.dst_mask).topk(r, dim=-1, sorted=False).indices  # [B, r] positions
+        is_merged = torch.zeros(batch, n_tokens, dtype=torch.bool, device=metric.device).scatter_(1, merged, True)
+        unmerged = partition.is_src.masked_fill(is_merged, 0)  # [B, N] 1 at sources that stay
+        slot = torch.where(is_merged, node_idx, partition.base_slot + unmerged.cumsum(dim=1) * unmerged)
+        flat_slot = (slot + torch.arange(0, batch * num_out, num_out, device=slot.device).view(-1, 1)).view(-1)
+        counts = torch.zeros(batch * num_out, 1, dtype=torch.float32, device=slot.device)
+        counts.index_add_(0, flat_slot, torch.ones(batch * n_tokens, 1, device=slot.device))
+    return Matching(shape=(batch, n_tokens, num_out), slot=slot,
+                    scatter_index=flat_slot.view(-1, 1).expand(-1, channels),
+                    inverse_counts=counts.reciprocal_().to(metric.dtype), flat_slot=flat_slot)
+
+
+def bipartite_soft_matching(metric: torch.Tensor, partition: Partition, r: int) -> Tuple[TokenFn, TokenFn]:
+    """``match_tokens`` as (merge, unmerge); r <= 0 (or no source to merge) gives the identity.
+
     merge: [B, N, C'] -> [B, N - r, C'] (destinations first, then unmerged sources);
     unmerge: [B, N - r, C'] -> [B, N, C'].
     """
-    batch, n_tokens, _ = metric.shape
-    num_dst = partition.num_dst
-    num_src = n_tokens - num_dst
-    r = min(r, num_src)
-    if r <= 0:
-        return do_nothing, do_nothing
-
-    with torch.no_grad():
-        metric = metric / metric.norm(dim=-1, keepdim=True)
-        src = metric.index_select(1, partition.src_idx)
-        dst = metric.index_select(1, partition.dst_idx)
-        node_max, node_idx = best_destinations(src, dst)  # [B, Ns]
-        merged = node_max.topk(r, dim=-1, sorted=False).indices  # [B, r], local source indices
-
-        is_merged = torch.zeros(batch, num_src, dtype=torch.bool, device=metric.device)
-        is_merged.scatter_(1, merged, True)
-        unmerged_rank = (~is_merged).cumsum(dim=1) - 1
-        src_slot = torch.where(is_merged, node_idx, num_dst + unmerged_rank)
-
-        # slot[b, t]: where token t lives in the merged sequence [destinations | unmerged sources].
-        num_out = n_tokens - r
-        slot = torch.empty(batch, n_tokens, dtype=torch.long, device=metric.device)
-        slot[:, partition.dst_idx] = torch.arange(num_dst, device=metric.device)
-        slot[:, partition.src_idx] = src_slot
-        flat_slot = (slot + torch.arange(batch, device=metric.device).view(-1, 1) * num_out).flatten()
-        # Not bincount: its output size depends on the data, which costs a host sync on CUDA.
-        counts = torch.zeros(batch * num_out, dtype=torch.long, device=metric.device)
-        counts = counts.scatter_add_(0, flat_slot, torch.ones_like(flat_slot)).unsqueeze(-1)
-        scatter_index = flat_slot.unsqueeze(-1)
-
-    # partials of module-level functions rather than closures: torch.compile can carry them from
-    # the block's pre-hook to its attention hooks without breaking the graph.
-    return (partial(_merge, scatter_index=scatter_index, counts=counts, shape=(batch, n_tokens, num_out)),
-            partial(_unmerge, flat_slot=flat_slot, shape=(batch, n_tokens, num_out)))
+    matching = match_tokens(metric, partition, r)
+    return (do_nothing, do_nothing) if matching is None else matching.functions()
 
 
-def _merge(x: torch.Tensor, scatter_index: torch.Tensor, counts: torch.Tensor,
-           shape: Tuple[int, int, int]) -> torch.Tensor:
-    batch, n_tokens, num_out = shape
-    # scatter_add_ rather than index_add_: the latter is an order of magnitude slower on CPU.
+def _merge(x: torch.Tensor, matching: Matching) -> torch.Tensor:
+    batch, n_tokens, num_out = matching.shape
     channels = x.shape[-1]
+    index = matching.scatter_index
+    if index.shape[1] != channels:
+        index = matching.flat_slot.view(-1, 1).expand(-1, channels)
+    scale = matching.inverse_counts
+    if scale.dtype != x.dtype:
+        scale = scale.to(x.dtype)
+    # scatter_add_ rather than index_add_ or scatter_reduce: the fastest of the three on CPU.
     out = torch.zeros(batch * num_out, channels, dtype=x.dtype, device=x.device)
-    out.scatter_add_(0, scatter_index.expand(-1, channels), x.reshape(batch * n_tokens, channels))
-    return (out / counts.to(x.dtype)).view(batch, num_out, channels)
+    return out.scatter_add_(0, index, x.reshape(batch * n_tokens, channels)).mul_(scale).view(batch, num_out, channels)
 
 
-def _unmerge(x: torch.Tensor, flat_slot: torch.Tensor, shape: Tuple[int, int, int]) -> torch.Tensor:
-    batch, n_tokens, num_out = shape
+def _unmerge(x: torch.Tensor, matching: Matching) -> torch.Tensor:
+    batch, n_tokens, num_out = matching.shape
     channels = x.shape[-1]
-    return x.reshape(batch * num_out, channels).index_select(0, flat_slot).view(batch, n_tokens, channels)
+    return x.reshape(batch * num_out, channels).index_select(0, matching.flat_slot).view(batch, n_tokens, channels)
 
 
 def kv_pool_window(ratio: float, sx: int, sy: int) -> Tuple[int, int]:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
 from .config import ToMeConfig, require_all_blocks
-from .levels import attention_base_downsample
+from .levels import Level, attention_base_downsample, attention_levels
 from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 
 SUPPORTED_MODELS = "SD1.x, SD2.x and SDXL-family UNet models (SSD-1B, Playground v2, ...)"
@@ -146,6 +146,21 @@ def _same_tokens(a: Optional[torch.Tensor], n: torch.Tensor) -> bool:
     return isinstance(a, torch.Tensor) and a.dim() == 3 and a.shape[:2] == n.shape[:2]
 
 
+def _reduced_once(reduce: Callable, n: torch.Tensor, context: Any, value: Any,
+                  reduced_n: Optional[torch.Tensor]) -> Tuple[Any, Any]:
+    """(context, value) reduced like the queries' tokens ``n``, each tensor once: ComfyUI hands the
+    block's attn1 patches ``n`` itself as context and value, so one reduction serves all three."""
+    def one(tensor: Any) -> Any:
+        nonlocal reduced_n
+        if tensor is n:
+            reduced_n = reduce(n) if reduced_n is None else reduced_n
+            return reduced_n
+        return reduce(tensor) if _same_tokens(tensor, n) else tensor
+
+    reduced_context = one(context)
+    return reduced_context, (reduced_context if value is context else one(value))
+
+
 # Core ComfyUI nodes whose attn1_patch regroups the self-attention queries (by the module and name of
 # their patch function; duck typed, nothing imported). ComfyUI runs attn1 patches, and then attn1 output
 # patches, in registration order (not nested), so two such patches on one block see each other's tokens.
@@ -223,18 +238,36 @@ class ComfyPatches:
     attn1_output: Callable
     apply_model_wrapper: Callable
     tables_key: str
+    merger: TokenMerger
     partner_check: Optional[Callable] = None
     attn2: Optional[Callable] = None
     attn2_output: Optional[Callable] = None
 
 
-def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow = SigmaWindow()) -> ComfyPatches:
+def levels_of(patcher: Any) -> Dict[int, Level]:
+    """The attention levels of the patcher's UNet (for the speed check); {} where it has none."""
+    unet = _model_object(patcher, "diffusion_model")
+    return attention_levels(unet) if isinstance(unet, torch.nn.Module) else {}
+
+
+def _call_dtype(executor: Any, x: torch.Tensor) -> torch.dtype:
+    """The dtype the model computes in (ComfyUI's BaseModel: manual_cast_dtype, else get_dtype())."""
+    model = getattr(executor, "class_obj", None)
+    dtype = getattr(model, "manual_cast_dtype", None)
+    if not isinstance(dtype, torch.dtype) and callable(getattr(model, "get_dtype", None)):
+        dtype = model.get_dtype()
+    return dtype if isinstance(dtype, torch.dtype) else x.dtype
+
+
+def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow = SigmaWindow(),
+                 levels: Optional[Dict[int, Level]] = None) -> ComfyPatches:
     """Build the attention patches for one model; all state lives in these closures.
 
     One ``TokenMerger`` serves every block, so blocks of a level and cond/uncond chunks evaluated
     at the same sigma share one random partition (the sigma is the merger's step key).
+    levels: the UNet's attention levels, for the speed check (``levels_of``).
     """
-    merger = TokenMerger(config, base_downsample)
+    merger = TokenMerger(config, base_downsample, levels)
     step_sigma = StepSigma()
     windowed = window != SigmaWindow()
     tables_key = f"tome_tables_{id(merger):x}"  # one per patched model: two ToMe nodes never share it
@@ -265,7 +298,8 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
         else:
             # Only the tables go into traced code: a float there would be guarded on (a recompile per step).
             call_step[0] = 0.0 if sigma is None else sigma
-            options[tables_key] = merger.step_tables((int(x.shape[-2]), int(x.shape[-1])), call_step[0], x.device)
+            options[tables_key] = merger.step_tables((int(x.shape[-2]), int(x.shape[-1])), call_step[0], x.device,
+                                                     int(x.shape[0]), _call_dtype(executor, x))
         try:
             return executor(x, t, *args, **kwargs)
         finally:
@@ -287,11 +321,11 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
         if prepared is not None:
             if grid in prepared:
                 return merger.plan_with(n, grid, prepared[grid])
-            return merger.plan_at(n, grid, step_key=call_step[0])  # a grid no level formula predicted
+            return merger.plan_at(n, grid, step_key=call_step[0], latent_hw=hw)  # a grid no formula predicted
         sigma = step_sigma(extra_options) if windowed or merger.needs_step() else None
         if windowed and sigma is not None and not window.contains(sigma):
             return IDENTITY_PLAN
-        return merger.plan_at(n, grid, step_key=0.0 if sigma is None else sigma)
+        return merger.plan_at(n, grid, step_key=0.0 if sigma is None else sigma, latent_hw=hw)
 
     def reduce_keys_values(n: torch.Tensor, context: Any, value: Any, extra_options: dict, claim: str) -> tuple:
         """Keys/values only, when an earlier patch regrouped the queries but left the keys/values on the
@@ -331,13 +365,10 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
                 return n, context, value
             extra_options[claim] = True
             if kind == "attn1" and config.mode == "kv":
-                context = plan.reduce_kv(context) if _same_tokens(context, n) else context
-                value = plan.reduce_kv(value) if _same_tokens(value, n) else value
-                return n, context, value
-            if kind == "attn1":
-                context = plan.merge(context) if _same_tokens(context, n) else context
-                value = plan.merge(value) if _same_tokens(value, n) else value
+                return (n, *_reduced_once(plan.reduce_kv, n, context, value, None))
             merged = plan.merge(n)  # attn2: only the queries are image tokens
+            if kind == "attn1":
+                context, value = _reduced_once(plan.merge, n, context, value, merged)
             pending[1] = tuple(merged.shape[:2])
             return merged, context, value
 
@@ -356,7 +387,7 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
 
     attn1, attn1_output = slot_patches("attn1")
     patches = ComfyPatches(attn1=attn1, attn1_output=attn1_output, apply_model_wrapper=apply_model_wrapper,
-                           tables_key=tables_key, partner_check=partner_check)
+                           tables_key=tables_key, merger=merger, partner_check=partner_check)
     if config.merge_crossattn and config.mode == "merge":
         patches.attn2, patches.attn2_output = slot_patches("attn2")
     return patches
@@ -393,7 +424,7 @@ def patch_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     clone = patcher.clone()
     if not config.enabled:
         return clone
-    patches = make_patches(config, base, window)
+    patches = make_patches(config, base, window, levels_of(patcher))
     if callable(getattr(clone, "add_wrapper_with_key", None)):
         clone.add_wrapper_with_key(APPLY_MODEL, patches.tables_key, patches.apply_model_wrapper)
     elif callable(getattr(clone, "set_model_input_block_patch", None)):

@@ -17,9 +17,10 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from .config import ToMeConfig
-from .levels import grid_for_tokens
-from .merge import (Partition, TokenFn, bipartite_soft_matching, do_nothing, kv_pick_index, kv_pool_window,
-                    make_partition, pool_tokens)
+from .levels import Level, grid_for_tokens
+from .speed_check import Verdict, verdict
+from .merge import (Partition, TokenFn, do_nothing, kv_pick_index, kv_pool_window, make_partition, match_tokens,
+                    pool_tokens)
 
 log = logging.getLogger("tome_core")
 
@@ -39,6 +40,23 @@ class TokenPlan:
 
 
 IDENTITY_PLAN = TokenPlan()
+WHOLE = "tome: level left whole"  # a call's table for a level the speed check leaves whole (a str: traceable)
+
+
+class LevelMatching:
+    """One level's partition and, once its first block has run, that block's plan (matching "level").
+
+    Made afresh for every model call by ``TokenMerger.step_tables``, so a matching is shared by the
+    blocks of one call and never outlives it; a block whose tokens differ in batch or count from the
+    first one's matches its own.
+    """
+
+    __slots__ = ("partition", "plan", "shape")
+
+    def __init__(self, partition: Partition) -> None:
+        self.partition = partition
+        self.plan: Optional[TokenPlan] = None
+        self.shape: Optional[Tuple[int, ...]] = None
 _MAX_CACHED_PARTITIONS = 32
 
 
@@ -52,11 +70,18 @@ class TokenMerger:
     """Turns a block's input into a ``TokenPlan`` according to one ``ToMeConfig``.
 
     base_downsample: the latent downsampling of the model's first attention level (see levels.py).
+    levels: the model's attention levels by downsampling (``levels.attention_levels``), which the
+        speed check times; without them no level is timed. timer: replaces the timing (tests).
     """
 
-    def __init__(self, config: ToMeConfig, base_downsample: int = 1) -> None:
+    def __init__(self, config: ToMeConfig, base_downsample: int = 1, levels: Optional[Dict[int, Level]] = None,
+                 timer: Optional[Callable] = None) -> None:
         self.config = config
         self.base_downsample = base_downsample
+        self.levels = levels or {}
+        self.timer = timer
+        # (latent (h, w), level downsample) -> the speed check's verdict, for describe()
+        self.verdicts: Dict[Tuple[Tuple[int, int], int], Tuple[Tuple[int, int], Verdict]] = {}
         self._partitions: Dict[Tuple, Partition] = {}
         self._kv_indices: Dict[Tuple, torch.Tensor] = {}
         self._warned_grid = False
@@ -101,9 +126,51 @@ class TokenMerger:
         """Whether plans depend on the step: only random partitions (use_rand) do."""
         return self.config.use_rand and not (self.config.mode == "kv" and self.config.kv_downsample == "avg")
 
-    def plan_at(self, hidden: torch.Tensor, grid: Tuple[int, int], step_key: float = 0.0) -> TokenPlan:
-        """The plan of a block whose level ``grid`` (from ``grid``) ToMe acts on, at ``step_key``."""
+    def plan_at(self, hidden: torch.Tensor, grid: Tuple[int, int], step_key: float = 0.0,
+                latent_hw: Optional[Tuple[int, int]] = None) -> TokenPlan:
+        """The plan of a block whose level ``grid`` (from ``grid``) ToMe acts on, at ``step_key``.
+
+        For hosts that call no per-call hook (``step_tables``): the speed check runs here, eagerly.
+        """
+        if latent_hw is not None and not self.pays(latent_hw, grid, hidden.shape[0], hidden.dtype, hidden.device):
+            return IDENTITY_PLAN
         return self.plan_with(hidden, grid, self.table(grid, step_key, hidden.device))
+
+    def pays(self, latent_hw: Tuple[int, int], grid: Tuple[int, int], batch: int, dtype: torch.dtype,
+             device: torch.device) -> bool:
+        """Whether reducing the level of ``grid`` pays (speed_check; True when it is off or the level unknown)."""
+        if self.config.speed_check == "off":
+            return True
+        downsample = next((ds for ds in sorted(self.levels) if tuple(grid) in
+                           {(r(latent_hw[0] / ds), r(latent_hw[1] / ds)) for r in (math.ceil, math.floor)}), None)
+        if downsample is None:
+            return True
+        found = verdict(self.config, self.levels[downsample], grid, batch, dtype, device, self.timer)
+        self.verdicts[(tuple(latent_hw), downsample)] = (tuple(grid), found)
+        return found.reduce
+
+    def describe(self) -> list:
+        """What this plan does, one line each: the settings, then each level the speed check decided."""
+        config = self.config
+        levels = ", ".join(str(d) for d in (1, 2, 4, 8) if d <= config.max_downsample)
+        head = f"ToMe {config.mode} r={config.ratio:g} on UNet levels {levels} (1 = the first attention level)"
+        if config.mode == "merge":
+            head += f", matching per {config.matching}"
+        if config.speed_check == "off":
+            return [head + "; speed check off: every selected level is reduced"]
+        lines = [head + f"; speed check {config.speed_check}" + (
+            ": on a GPU each level is timed once per shape, and left whole where reducing it measured slower"
+            if config.speed_check == "auto" else ": each level is timed once per device and shape")]
+        return lines + (self.describe_levels() or ["no level decided yet (decided at the first model call)"])
+
+    def describe_levels(self) -> list:
+        """One line per level the speed check decided, latest latent size first seen first."""
+        lines = []
+        for ((height, width), downsample), ((h, w), found) in self.verdicts.items():
+            level = self.levels[downsample]
+            lines.append(f"level {downsample // self.base_downsample} ({h}x{w} tokens, {level.blocks} blocks) at "
+                         f"{8 * width}x{8 * height} px: {found.text(self.config.mode)}")
+        return lines
 
     def table(self, grid: Tuple[int, int], step_key: float, device: torch.device) -> Any:
         """The per-step choice of one level: its partition (merge), kept indices (kv nearest) or None (kv avg)."""
@@ -112,13 +179,20 @@ class TokenMerger:
             return self._partition(h, w, step_key, device)
         return None if self.config.kv_downsample == "avg" else self._kv_index(h, w, step_key, device)
 
-    def step_tables(self, latent_hw: Tuple[int, int], step_key: float,
-                    device: torch.device) -> Dict[Tuple[int, int], Any]:
+    def call_table(self, grid: Tuple[int, int], step_key: float, device: torch.device) -> Any:
+        """``table`` for one model call: with matching "level", wrapped so the call's blocks share one matching."""
+        table = self.table(grid, step_key, device)
+        shared = self.config.mode == "merge" and self.config.matching == "level"
+        return LevelMatching(table) if shared else table
+
+    def step_tables(self, latent_hw: Tuple[int, int], step_key: float, device: torch.device,
+                    batch: int = 0, dtype: Optional[torch.dtype] = None) -> Dict[Tuple[int, int], Any]:
         """``table`` of every level grid ToMe may act on for this latent, built once per model call.
 
         A host calls this where it reads the step (outside any compiled region) and the blocks
         then only look their grid up: the step's float and the seeded generator never reach
         traced code, so torch.compile neither breaks the graph there nor recompiles per step.
+        batch, dtype: of the model call, for the speed check (a level it leaves whole gets ``WHOLE``).
         """
         config, (height, width) = self.config, latent_hw
         tables: Dict[Tuple[int, int], Any] = {}
@@ -127,7 +201,8 @@ class TokenMerger:
             for rounding in (math.ceil, math.floor):
                 grid = (rounding(height / downsample), rounding(width / downsample))
                 if min(grid) >= 1 and grid not in tables and grid[0] * grid[1] >= config.min_tokens:
-                    tables[grid] = self.table(grid, step_key, device)
+                    pays = dtype is None or self.pays(latent_hw, grid, batch, dtype, device)
+                    tables[grid] = self.call_table(grid, step_key, device) if pays else WHOLE
             downsample *= 2
         return tables
 
@@ -135,13 +210,22 @@ class TokenMerger:
         """The plan of a block on level ``grid`` from that level's ``table`` (see ``table``)."""
         config = self.config
         h, w = grid
+        if table is WHOLE:
+            return IDENTITY_PLAN
         if config.mode == "kv":
             if table is None:
                 window = self._kv_window
                 return TokenPlan(active=True, reduce_kv=lambda x: pool_tokens(x, h, w, window))
             return TokenPlan(active=True, reduce_kv=lambda x: x.index_select(1, table))
-        merge, unmerge = bipartite_soft_matching(hidden, table, int(hidden.shape[1] * config.ratio))
-        return TokenPlan(active=merge is not do_nothing, merge=merge, unmerge=unmerge)
+        if isinstance(table, LevelMatching):
+            if table.plan is None or table.shape != tuple(hidden.shape[:2]):
+                table.plan, table.shape = self.plan_with(hidden, grid, table.partition), tuple(hidden.shape[:2])
+            return table.plan
+        matching = match_tokens(hidden, table, int(hidden.shape[1] * config.ratio))
+        if matching is None:
+            return IDENTITY_PLAN
+        merge, unmerge = matching.functions()
+        return TokenPlan(active=True, merge=merge, unmerge=unmerge)
 
     def _kv_index(self, h: int, w: int, step_key: float, device: torch.device) -> torch.Tensor:
         def build(generator: Optional[torch.Generator]) -> torch.Tensor:

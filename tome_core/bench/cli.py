@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="also profile one forward per variant for the first family, size and "
                         "ratio, and print where the time goes")
+    p.add_argument("--ops", action="store_true",
+                   help="also count, for one forward per variant, the ATen ops dispatched and the MiB "
+                        "gathered/scattered (the GPU cost's proxy on any device; columns +ops, moved MiB)")
     p.add_argument("--out", type=Path, default=Path("bench_out"),
                    help="output folder for results.json, results.md and speedup_vs_error.png "
                         "(the chart needs matplotlib) (default: ./bench_out)")
@@ -208,7 +211,7 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
             seed=args.seed, max_downsample=args.max_downsample, use_rand=args.use_rand,
             device=device, attention=args.attention,
             blocks=(1 if args.tiny else 2) if args.blocks is None else args.blocks,
-            frames=33 if args.frames is None else args.frames)
+            frames=33 if args.frames is None else args.frames, ops=args.ops)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

@@ -12,14 +12,16 @@ from typing import Iterator
 
 import torch
 
-METHODS = ("vanilla", "merge", "kv", "kv-avg", "tomesd")
+METHODS = ("vanilla", "merge", "merge-level", "kv", "kv-avg", "tomesd")
 DEFAULT_METHODS = ("vanilla", "merge", "kv", "tomesd")
 # tome_core.apply_patch options of this project's methods
-OUR_METHODS = {"merge": {"mode": "merge"}, "kv": {"mode": "kv"}, "kv-avg": {"mode": "kv", "kv_downsample": "avg"}}
+OUR_METHODS = {"merge": {"mode": "merge"}, "merge-level": {"mode": "merge", "matching": "level"},
+               "kv": {"mode": "kv"}, "kv-avg": {"mode": "kv", "kv_downsample": "avg"}}
 # what each method name means, for the report
 DESCRIPTIONS = {
     "vanilla": "unpatched UNet",
     "merge": "tome_core.apply_patch(mode='merge')",
+    "merge-level": "tome_core.apply_patch(mode='merge', matching='level'): one matching per level and call",
     "kv": "tome_core.apply_patch(mode='kv')",
     "kv-avg": "tome_core.apply_patch(mode='kv', kv_downsample='avg')",
     "tomesd": "tomesd.apply_patch (reference package)",

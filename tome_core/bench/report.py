@@ -74,6 +74,18 @@ METRICS = {
     "speedup_ceiling": "DiT rows: 1 / (1 - attn_share), the speed-up if attention took no time: "
                        "no kv ratio can beat it",
     "guided": "DiT rows: what cfg_err compares: 'cfg' (CFG pair), 'distilled' (Flux, Z-Image-Turbo: the output)",
+    "aten_ops": "--ops: ATen ops dispatched by one forward (the second after the patch is applied: "
+                "the step's tables already built, as in every later call of a sampling step), views "
+                "included; counted under a TorchDispatchMode, the same on any device: the proxy for a "
+                "GPU's kernel launches where no GPU is at hand",
+    "step_table_ops": "--ops: ATen ops the first forward of a step dispatches beyond that (building the "
+                      "step's partitions or kept indices: small CPU tensors, then one copy each to the device)",
+    "aten_ops_added": "--ops: aten_ops minus vanilla's",
+    "moved_mib": "--ops: MiB of the tensors produced by gather/scatter/index ops in that forward "
+                 "(an in-place one: the tensor written into)",
+    "moved_mib_added": "--ops: moved_mib minus vanilla's",
+    "host_syncs": "--ops: ops in that forward that make the host wait for the device (.item() etc.)",
+    "ops_added_by_name": "--ops: per ATen op name, how many more times it ran than in vanilla",
     "vanilla_drift": "vanilla row only: rel. L2 between vanilla outputs before and after every "
                      "other variant was applied and removed (0 = removal restores the model)",
 }
@@ -166,6 +178,8 @@ COLUMNS = [  # header, row key, format, legend
     ("cfg err peaked", "cfg_err_peaked", ".4f", "'cfg err' with peaked attention"),
     ("peak MB", "peak_mem_mb", ".1f", "peak activation memory of one forward (weights excluded)"),
     ("mem x", "mem_vs_vanilla", ".2f", "peak MB / vanilla's peak MB (< 1 = saves memory)"),
+    ("+ops", "aten_ops_added", "d", "--ops: ATen ops one forward dispatches beyond vanilla's (GPU kernel-launch proxy)"),
+    ("moved MiB", "moved_mib_added", ".1f", "--ops: MiB gathered/scattered by the patch in one forward"),
     ("attn %", "attn_pct", ".0f", "DiT: % of vanilla's forward time in attention (SDPA)"),
     ("ceiling", "speedup_ceiling", ".2f", "DiT: 1 / (1 - attention share): the most any kv ratio can give"),
     ("attention", "attention", "s",
@@ -233,7 +247,7 @@ def write_json(result: dict, path: Path) -> Path:
     return path
 
 
-_METHOD_STYLE = {"merge": ("tab:blue", "o"), "kv": ("tab:green", "s"), "kv-avg": ("tab:olive", "D"),
+_METHOD_STYLE = {"merge": ("tab:blue", "o"), "merge-level": ("tab:purple", "v"), "kv": ("tab:green", "s"), "kv-avg": ("tab:olive", "D"),
                  "tomesd": ("tab:red", "^")}
 
 

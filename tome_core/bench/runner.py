@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from . import measure, stats
+from . import measure, op_count, stats
 from .dit_runner import DIT
 from .family import BenchFamily, Case
 from .measure import DTYPES
@@ -73,6 +73,7 @@ class BenchConfig:
     attention: str = "default"
     blocks: int = 2             # DiTs: blocks of each kind (full depth does not fit a CPU)
     frames: int = 33            # Wan: video frames (4k + 1)
+    ops: bool = False           # also count ATen ops and bytes moved per forward (op_count)
     skipped: dict = field(default_factory=dict)  # method -> reason, filled by ``resolve``
 
     def __post_init__(self) -> None:
@@ -252,6 +253,7 @@ class _Measured:
     out: dict = field(default_factory=dict)         # output of the first timed round
     drift: float = 0.0                              # vanilla before vs after all patches
     compiled: dict = field(default_factory=dict)    # variant -> _compile_variant's dict
+    ops: dict = field(default_factory=dict)         # variant -> op_count.OpCount of one forward
 
     def ratios(self, variants: list[Variant]) -> dict:
         """Speed-ups over ``variants[0]`` (vanilla) with their bands (see ``stats``)."""
@@ -284,6 +286,11 @@ def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: 
         warm[variants[0]], again = run(variants[0], probe or measure.timed)  # no first-call cost now
     m.drift = measure.rel_l2(again, m.out_peaked[variants[0]])
     clock.warmed(warm)
+    if cfg.ops:  # the first forward after patching builds the step's tables; the second reuses them
+        for v in variants:
+            with patched(unet, v, **options):
+                first = op_count.count_ops(lambda: forward(unet, inputs))[0]
+                m.ops[v] = (op_count.count_ops(lambda: forward(unet, inputs))[0], first)
     rounds = 0
     while True:
         t_round = 0.0
@@ -362,6 +369,8 @@ def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Meas
     if v == base:
         row["vanilla_drift"] = m.drift
     row["peak_mem_mb"] = m.mem[v] / 2**20
+    if m.ops:
+        row.update(op_count.row_fields(*m.ops[v], vanilla=m.ops[base][0]))
     row["mem_vs_vanilla"] = m.mem[v] / m.mem[base] if m.mem[base] else None
     return row
 

@@ -1,0 +1,182 @@
+"""Whether reducing a level pays on this device: a short timing, once per device and shape.
+
+On a GPU with fused attention the attention a merge saves can be worth less than the merge
+costs (SD1.5 at 512 px on an H200: merging measured 0.86x), so with ``speed_check`` "auto" (GPUs)
+or "on" (any device) each level is timed once per device and shape before it is reduced, and
+left whole where reducing it would slow the step. The timing stands in the level's self-attention
+at its real shape (batch, tokens, width, heads, dtype) on the real device, with this config's own
+merge or key/value reduction: q/k/v/out projections and ``scaled_dot_product_attention`` (the
+fused kernels hosts use), timed whole against reduced, interleaved, median of a few rounds. The
+verdict is cached for the process, keyed by everything it depends on, so a second model or a
+second sampling run on the same shape does not time again.
+
+Pure engine code: it knows no host. Hosts see verdicts through ``TokenMerger.verdicts``.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .config import SPEED_CHECKS, ToMeConfig
+from .levels import Level
+
+__all__ = ["SPEED_CHECKS", "Verdict", "verdict", "forget_verdicts", "measure_speedup"]
+TIMED_BY_AUTO = ("cuda", "xpu", "mps")  # "auto" times on these; the CPU is where merging always paid
+PAYS_ABOVE = 1.0  # reduce iff the measured speed-up of the level's attention exceeds this
+ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class LevelShape:
+    """Everything a level's timing depends on (with the config's reduction settings)."""
+
+    device: str  # e.g. "cuda:0 (NVIDIA H200)"
+    dtype: str
+    batch: int
+    grid: Tuple[int, int]
+    channels: int
+    heads: int
+    blocks: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a level is reduced, and why: the measured speed-up, or that it was not timed."""
+
+    reduce: bool
+    speedup: Optional[float]  # t_whole / t_reduced of the level's self-attention; None: not timed
+    device: str
+
+    def text(self, mode: str) -> str:
+        verb = "merging" if mode == "merge" else "kv"
+        if self.speedup is None:
+            return f"reduced (not timed on {self.device})"
+        state = "reduced" if self.reduce else "left whole"
+        return f"{state}: {verb} measured {self.speedup:.2f}x on {self.device}"
+
+
+def device_label(device: torch.device) -> str:
+    """A device's name for verdicts and caches: its type, index and, for a GPU, its model."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(device)
+
+
+def should_time(config: ToMeConfig, device: torch.device) -> bool:
+    """Whether ``config`` times levels on ``device``: "on" everywhere, "auto" on GPUs only."""
+    return config.speed_check == "on" or (config.speed_check == "auto" and
+                                          torch.device(device).type in TIMED_BY_AUTO)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type in ("xpu", "mps"):
+        getattr(torch, device.type).synchronize()
+
+
+def _seconds(fn: Callable[[], object], device: torch.device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+class _Attention:
+    """A self-attention at the level's width and heads: the part of a block a reduction changes."""
+
+    def __init__(self, channels: int, heads: int, dtype: torch.dtype, device: torch.device) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.heads = heads
+        self.weights = [(torch.randn(channels, channels, generator=generator) / math.sqrt(channels)).to(device, dtype)
+                        for _ in range(4)]
+
+    def __call__(self, x: torch.Tensor, keys: Optional[torch.Tensor] = None) -> torch.Tensor:
+        wq, wk, wv, wo = self.weights
+        source = x if keys is None else keys
+        q, k, v = F.linear(x, wq), F.linear(source, wk), F.linear(source, wv)
+        batch, _, channels = q.shape
+        q, k, v = (t.view(batch, -1, self.heads, channels // self.heads).transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v)
+        return F.linear(out.transpose(1, 2).reshape(batch, -1, channels), wo)
+
+
+def measure_speedup(config: ToMeConfig, shape: LevelShape, device: torch.device, dtype: torch.dtype) -> float:
+    """t_whole / t_reduced of one level's self-attention over its blocks, timed on ``device``.
+
+    Reduced: per block the merge (or key/value reduction), the attention on the fewer tokens and the
+    unmerge, plus the matching (once per level with matching "level", else once per block).
+    """
+    from .plan import TokenMerger  # the plan builds the same tables and functions a real step uses
+
+    h, w = shape.grid
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(shape.batch, h * w, shape.channels, generator=generator).to(device, dtype)
+    attention = _Attention(shape.channels, shape.heads, dtype, device)
+    merger = TokenMerger(config)
+    table = merger.table((h, w), 0.0, device)
+    merge = config.mode == "merge"
+    matches = 1 if config.matching == "level" else shape.blocks
+
+    def plan():
+        return merger.plan_with(x, (h, w), table)
+
+    ready = plan()
+
+    def reduced():
+        if merge:
+            return ready.unmerge(attention(ready.merge(x)))
+        return attention(x, ready.reduce_kv(x))
+
+    whole_s, reduced_s, match_s = [], [], []
+    with torch.no_grad():
+        for fn in (lambda: attention(x), reduced, plan):  # warm-up: kernels chosen, caches filled
+            fn()
+        for _ in range(ROUNDS):
+            whole_s.append(_seconds(lambda: attention(x), device))
+            reduced_s.append(_seconds(reduced, device))
+            match_s.append(_seconds(plan, device) if merge else 0.0)
+    whole = shape.blocks * statistics.median(whole_s)
+    cost = shape.blocks * statistics.median(reduced_s) + matches * statistics.median(match_s)
+    return whole / cost
+
+
+Timer = Callable[[ToMeConfig, LevelShape, torch.device, torch.dtype], float]
+_VERDICTS: Dict[Tuple, Verdict] = {}  # process-wide: what was measured on a device holds for every model
+
+
+def verdict(config: ToMeConfig, level: Level, grid: Tuple[int, int], batch: int, dtype: torch.dtype,
+            device: torch.device, timer: Optional[Timer] = None) -> Verdict:
+    """Whether ``config`` reduces ``level`` at ``grid`` for this batch, dtype and device.
+
+    Not timed (reduced) unless ``should_time``; timed once per key, then cached. ``timer`` replaces
+    ``measure_speedup`` (tests force a timing with it).
+    """
+    device = torch.device(device)
+    label = device_label(device)
+    if not should_time(config, device):
+        return Verdict(reduce=True, speedup=None, device=label)
+    shape = LevelShape(label, str(dtype).replace("torch.", ""), int(batch), tuple(grid), level.channels,
+                       level.heads, level.blocks)
+    key = (shape, config.mode, config.ratio, config.sx, config.sy, config.matching, config.kv_downsample,
+           timer)
+    found = _VERDICTS.get(key)
+    if found is None:
+        speedup = (timer or measure_speedup)(config, shape, device, dtype)
+        found = _VERDICTS[key] = Verdict(reduce=speedup > PAYS_ABOVE, speedup=round(float(speedup), 3),
+                                         device=label)
+    return found
+
+
+def forget_verdicts() -> None:
+    """Drop every cached verdict (after a driver or hardware change, or in tests)."""
+    _VERDICTS.clear()
