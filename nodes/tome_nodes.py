@@ -9,16 +9,17 @@ from typing import Any, Dict, Optional
 
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
-    from ..tome_core.config import KV_DOWNSAMPLES, MODES
+    from ..tome_core.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
     from ..tome_core.dit import dit_window
     from ..tome_core.dit.comfy_dit import block_count, blocks_on, dit_family, patch_dit_model_patcher
-    from ..tome_core.model_patcher import base_downsample_of, patch_model_patcher
+    from ..tome_core.model_patcher import base_downsample_of, merger_of, patch_model_patcher
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
-    from tome_core.config import KV_DOWNSAMPLES, MODES
+    from tome_core.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
     from tome_core.dit import dit_window
     from tome_core.dit.comfy_dit import block_count, blocks_on, dit_family, patch_dit_model_patcher
-    from tome_core.model_patcher import base_downsample_of, patch_model_patcher
+    from tome_core.model_patcher import base_downsample_of, merger_of, patch_model_patcher
+from .ui_messages import announce_levels
 
 CATEGORY = "model_patches/unet"
 MAX_SEED = 0xFFFFFFFF
@@ -69,6 +70,19 @@ ADVANCED_INPUTS = {
 KV_DOWNSAMPLE_INPUT = (list(KV_DOWNSAMPLES), {"default": "nearest", "tooltip":
                        "mode kv only: nearest keeps one real token per window (ToDo's default; lower error on "
                        "SD1.5 in our measurements), avg averages each window (lower on SDXL)."})
+# ComfyUI's defaults (the basic node uses them too): GPU users never get a level that measured slower
+# than doing nothing; the matching stays tomesd's per block (see README "Which matching?").
+COMFY_DEFAULTS = {"matching": "block", "speed_check": "auto"}
+# Optional for the same reason as kv_downsample.
+SPEED_INPUTS = {
+    "matching": (list(MATCHINGS), {"default": COMFY_DEFAULTS["matching"], "tooltip":
+                 "mode merge only: block matches every block's own tokens (tomesd); level matches once per "
+                 "UNet level and step and reuses it in the level's other blocks (fewer GPU kernels)."}),
+    "speed_check": (list(SPEED_CHECKS), {"default": COMFY_DEFAULTS["speed_check"], "tooltip":
+                    "auto: on a GPU, each UNet level is timed once per size at the first step and left whole "
+                    "where ToMe measured slower than doing nothing (shown on this node after the run); the CPU "
+                    "is not timed. off: always reduce (tomesd). on: time on the CPU too."}),
+}
 # Optional for the same reason; their rule block_start < block_end is checked when the node runs.
 BLOCK_INPUTS = {
     "block_start": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 1.0, "step": 0.01, "tooltip":
@@ -132,20 +146,25 @@ def validate(spec: Dict[str, tuple], values: Dict[str, Any]):
     return True
 
 
-def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any]) -> tuple:
+def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: Optional[str] = None) -> tuple:
     """The patched clone and the info the frontend extension draws; shared by the V1 and V3 nodes.
 
     DiTs (Flux, SD3/3.5, Wan, HunyuanVideo) route to the kv patch: the basic node, which has no mode input, uses
     kv there (the only mode a DiT has); the advanced node's mode is honoured, so "merge" is refused
     with the engine's message naming the model and the fix. max_downsample does not apply to DiTs.
+    node_id: the node's id, to which the speed check's verdicts are sent when sampling decides them.
     """
     family = dit_family(model)
+    values = dict(COMFY_DEFAULTS, **values)
     if family is not None and "mode" not in values:
         values = dict(values, mode="kv")
     config = _config(spec, **values)
     model_type = type(getattr(model, "model", model)).__name__
     if family is None:
         patched = patch_model_patcher(model, config)
+        merger = merger_of(patched)
+        if merger is not None and node_id is not None:
+            announce_levels(merger, node_id)
         info = dict(config.as_dict(), base_downsample=base_downsample_of(model), model_type=model_type)
         return patched, {"tome": [info]}
     patched = patch_dit_model_patcher(model, config)
@@ -172,7 +191,8 @@ class ToMe:
 
     @classmethod
     def INPUT_TYPES(cls) -> dict:
-        return {"required": {"model": MODEL_INPUT, "ratio": RATIO, "max_downsample": MAX_DOWNSAMPLE}}
+        return {"required": {"model": MODEL_INPUT, "ratio": RATIO, "max_downsample": MAX_DOWNSAMPLE},
+                "hidden": {"unique_id": "UNIQUE_ID"}}
 
     @classmethod
     def spec(cls) -> Dict[str, tuple]:
@@ -185,8 +205,8 @@ class ToMe:
         # ratio's bound is fixed here (sx = sy = 2): ComfyUI's own max check reports it on ratio.
         return validate(cls.spec(), {"max_downsample": max_downsample})
 
-    def patch(self, model, ratio, max_downsample):
-        patched, ui = patch(model, self.spec(), {"ratio": ratio, "max_downsample": max_downsample})
+    def patch(self, model, ratio, max_downsample, unique_id=None):
+        patched, ui = patch(model, self.spec(), {"ratio": ratio, "max_downsample": max_downsample}, unique_id)
         return {"ui": ui, "result": (patched,)}
 
 
@@ -202,7 +222,8 @@ class ToMeAdvanced(ToMe):
     def INPUT_TYPES(cls) -> dict:
         ratio = (RATIO[0], dict(RATIO[1], max=0.98))  # the real bound, 1 - 1/(sx*sy), is checked with sx, sy
         return {"required": dict(ToMe.INPUT_TYPES()["required"], ratio=ratio, **ADVANCED_INPUTS),
-                "optional": {"kv_downsample": KV_DOWNSAMPLE_INPUT, **BLOCK_INPUTS}}
+                "optional": {"kv_downsample": KV_DOWNSAMPLE_INPUT, **BLOCK_INPUTS, **SPEED_INPUTS},
+                "hidden": {"unique_id": "UNIQUE_ID"}}
 
     @classmethod
     def VALIDATE_INPUTS(cls, mode=None):
@@ -211,11 +232,13 @@ class ToMeAdvanced(ToMe):
         return f"ToMe: mode must be one of {', '.join(MODES)}, got {mode!r}."
 
     def patch(self, model, ratio, max_downsample, sx, sy, use_rand, tome_seed, mode, merge_crossattn,
-              start_percent, end_percent, min_tokens, kv_downsample="nearest", block_start=-1.0, block_end=1.0):
+              start_percent, end_percent, min_tokens, kv_downsample="nearest", block_start=-1.0, block_end=1.0,
+              matching=COMFY_DEFAULTS["matching"], speed_check=COMFY_DEFAULTS["speed_check"], unique_id=None):
         patched, ui = patch(model, self.spec(), dict(
             ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, tome_seed=tome_seed,
             mode=mode, merge_crossattn=merge_crossattn, start_percent=start_percent, end_percent=end_percent,
-            min_tokens=min_tokens, kv_downsample=kv_downsample, block_start=block_start, block_end=block_end))
+            min_tokens=min_tokens, kv_downsample=kv_downsample, block_start=block_start, block_end=block_end,
+            matching=matching, speed_check=speed_check), unique_id)
         return {"ui": ui, "result": (patched,)}
 
 

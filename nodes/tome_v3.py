@@ -47,11 +47,13 @@ def _v3_node(v1: Type[ToMe]) -> Type[io.ComfyNode]:
                 inputs=[_v3_input(name, kind_options[0], kind_options[1], name in optional)
                         for name, kind_options in spec.items()],
                 outputs=[io.Model.Output(tooltip=v1.OUTPUT_TOOLTIPS[0])],
+                hidden=[io.Hidden.unique_id],  # where the speed check's verdicts are shown
             )
 
         @classmethod
         def execute(cls, model: Any, **values: Any) -> io.NodeOutput:
-            patched, ui = patch(model, spec, values)
+            hidden = getattr(cls, "hidden", None)
+            patched, ui = patch(model, spec, values, getattr(hidden, "unique_id", None))
             return io.NodeOutput(patched, ui=ui)
 
         @classmethod

@@ -39,6 +39,9 @@ class ToMeScript(scripts.Script):
     def process_before_every_sampling(self, p, *args, **kwargs):  # Forge / reForge
         runner.before_sampling(p)
 
+    def postprocess_batch(self, p, *args, **kwargs):
+        runner.after_batch(p)
+
     def postprocess(self, p, processed, *args):
         runner.finish(p)
 

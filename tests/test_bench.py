@@ -475,11 +475,15 @@ def test_presets_and_gpu_suite_configs():
     assert full.resolutions == ((512, 512), (768, 768)) and (full.repeats, full.budget_s) == (3, None)
     # the GPU plan, built here on CPU (device/dtype given, so the CUDA check passes)
     suite = configs("--gpu-suite", "--device", "cpu", "--dtype", "bf16")
-    assert [(c.families, c.resolutions) for c in suite] == [
-        (("sd15",), ((512, 512), (1024, 1024), (2048, 2048))), (("sdxl",), ((1024, 1024),))]
-    assert all(c.compile and (c.repeats, c.max_repeats) == (3, 6) for c in suite)
+    assert [(c.families, c.resolutions, c.compile) for c in suite] == [
+        (("sd15",), ((512, 512), (1024, 1024), (2048, 2048)), False), (("sdxl",), ((1024, 1024), (2048, 2048)), False),
+        (("sd15",), ((1024, 1024),), True)]
+    assert all((c.repeats, c.max_repeats) == (3, 6) for c in suite)
+    assert "merge-auto" in suite[0].methods and suite[2].methods == ("vanilla", "merge", "merge-level", "kv@0.75")
     assert [c.families for c in configs("--gpu-suite", "--families", "sdxl", "--device", "cpu",
                                         "--dtype", "bf16")] == [("sdxl",)]
+    from tome_core.bench.cli import _profiled
+    assert _profiled(build_parser().parse_args(["--gpu-suite"])) == [True, True, False]
 
 
 def test_clock_estimates_from_measured_forwards():
@@ -497,7 +501,7 @@ def test_clock_estimates_from_measured_forwards():
     assert clock.estimate()[0] == pytest.approx(5 + 4 * 7 * 2.5)
 
 
-@pytest.mark.parametrize("mode", ["kv", "merge"])
+@pytest.mark.parametrize("mode", ["kv", "merge", "merge-level"])
 def test_compiled_patched_unet_over_a_sampling_loop(mode):
     """torch.compile(unet) after apply_patch, 12 steps with a new timestep each (the per-step random
     partitions/picks change): each step equals the eager patched UNet within 1e-4 relative L2 (fp32,

@@ -386,11 +386,28 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
         return before, after
 
     attn1, attn1_output = slot_patches("attn1")
+    attn1.tome_merger = merger  # found again on any clone of the patcher (merger_of): clone() copies
+    # model_options deeply but keeps the patch functions themselves
     patches = ComfyPatches(attn1=attn1, attn1_output=attn1_output, apply_model_wrapper=apply_model_wrapper,
                            tables_key=tables_key, merger=merger, partner_check=partner_check)
     if config.merge_crossattn and config.mode == "merge":
         patches.attn2, patches.attn2_output = slot_patches("attn2")
     return patches
+
+
+def merger_of(patcher: Any) -> Optional[TokenMerger]:
+    """The ``TokenMerger`` of the ToMe patch on ``patcher`` or on a clone of it, else None."""
+    for patch in attn1_patches_of(patcher):
+        merger = getattr(patch, "tome_merger", None)
+        if isinstance(merger, TokenMerger):
+            return merger
+    return None
+
+
+def describe_patcher(patcher: Any) -> list:
+    """The speed check's verdict lines of the ToMe patch on ``patcher`` (``TokenMerger.describe_levels``)."""
+    merger = merger_of(patcher)
+    return merger.describe_levels() if merger is not None else []
 
 
 def check_model_patcher(patcher: Any, config: ToMeConfig) -> Tuple[int, SigmaWindow]:

@@ -12,7 +12,7 @@ import logging
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -48,15 +48,29 @@ class LevelMatching:
 
     Made afresh for every model call by ``TokenMerger.step_tables``, so a matching is shared by the
     blocks of one call and never outlives it; a block whose tokens differ in batch or count from the
-    first one's matches its own.
+    first one's matches its own. ``blocks``: how many blocks of the call use it (0: unknown); the
+    last one takes the plan away, so under torch.compile nothing made inside the graph is left on
+    this object when the graph ends (a graph break otherwise).
     """
 
-    __slots__ = ("partition", "plan", "shape")
+    __slots__ = ("partition", "plan", "shape", "blocks", "uses")
 
-    def __init__(self, partition: Partition) -> None:
+    def __init__(self, partition: Partition, blocks: int = 0) -> None:
         self.partition = partition
         self.plan: Optional[TokenPlan] = None
         self.shape: Optional[Tuple[int, ...]] = None
+        self.blocks = blocks
+        self.uses = 0
+
+    def take(self) -> TokenPlan:
+        """The shared plan for one more block; the level's last block leaves nothing behind."""
+        plan = self.plan
+        self.uses += 1
+        if self.blocks and self.uses >= self.blocks:
+            self.plan, self.shape = None, None
+        return plan
+
+
 _MAX_CACHED_PARTITIONS = 32
 
 
@@ -82,6 +96,8 @@ class TokenMerger:
         self.timer = timer
         # (latent (h, w), level downsample) -> the speed check's verdict, for describe()
         self.verdicts: Dict[Tuple[Tuple[int, int], int], Tuple[Tuple[int, int], Verdict]] = {}
+        # called with describe()'s lines whenever a verdict is new (a host shows them where users look)
+        self.listeners: List[Callable[[List[str]], None]] = []
         self._partitions: Dict[Tuple, Partition] = {}
         self._kv_indices: Dict[Tuple, torch.Tensor] = {}
         self._warned_grid = False
@@ -146,7 +162,12 @@ class TokenMerger:
         if downsample is None:
             return True
         found = verdict(self.config, self.levels[downsample], grid, batch, dtype, device, self.timer)
-        self.verdicts[(tuple(latent_hw), downsample)] = (tuple(grid), found)
+        key, entry = (tuple(latent_hw), downsample), (tuple(grid), found)
+        if self.verdicts.get(key) != entry:
+            self.verdicts[key] = entry
+            lines = self.describe()
+            for listener in self.listeners:
+                listener(lines)
         return found.reduce
 
     def describe(self) -> list:
@@ -179,11 +200,12 @@ class TokenMerger:
             return self._partition(h, w, step_key, device)
         return None if self.config.kv_downsample == "avg" else self._kv_index(h, w, step_key, device)
 
-    def call_table(self, grid: Tuple[int, int], step_key: float, device: torch.device) -> Any:
+    def call_table(self, grid: Tuple[int, int], step_key: float, device: torch.device, downsample: int = 0) -> Any:
         """``table`` for one model call: with matching "level", wrapped so the call's blocks share one matching."""
         table = self.table(grid, step_key, device)
         shared = self.config.mode == "merge" and self.config.matching == "level"
-        return LevelMatching(table) if shared else table
+        level = self.levels.get(downsample)
+        return LevelMatching(table, level.blocks if level is not None else 0) if shared else table
 
     def step_tables(self, latent_hw: Tuple[int, int], step_key: float, device: torch.device,
                     batch: int = 0, dtype: Optional[torch.dtype] = None) -> Dict[Tuple[int, int], Any]:
@@ -202,7 +224,7 @@ class TokenMerger:
                 grid = (rounding(height / downsample), rounding(width / downsample))
                 if min(grid) >= 1 and grid not in tables and grid[0] * grid[1] >= config.min_tokens:
                     pays = dtype is None or self.pays(latent_hw, grid, batch, dtype, device)
-                    tables[grid] = self.call_table(grid, step_key, device) if pays else WHOLE
+                    tables[grid] = self.call_table(grid, step_key, device, downsample) if pays else WHOLE
             downsample *= 2
         return tables
 
@@ -220,7 +242,7 @@ class TokenMerger:
         if isinstance(table, LevelMatching):
             if table.plan is None or table.shape != tuple(hidden.shape[:2]):
                 table.plan, table.shape = self.plan_with(hidden, grid, table.partition), tuple(hidden.shape[:2])
-            return table.plan
+            return table.take()
         matching = match_tokens(hidden, table, int(hidden.shape[1] * config.ratio))
         if matching is None:
             return IDENTITY_PLAN

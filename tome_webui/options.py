@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Sequence
 
 from tome_core import ToMeConfig
-from tome_core.config import KV_DOWNSAMPLES, MODES
+from tome_core.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
 
 INFOTEXT_PREFIX = "ToMe"
 SKIPPED_KEY = "ToMe skipped"
@@ -18,6 +18,12 @@ SKIPPED_VALUE = "built-in token merging is on"
 MAX_DOWNSAMPLE_CHOICES = ("1", "2", "4", "8")
 MODE_CHOICES = MODES
 KV_DOWNSAMPLE_CHOICES = KV_DOWNSAMPLES
+MATCHING_CHOICES = MATCHINGS
+SPEED_CHECK_CHOICES = SPEED_CHECKS
+# Not a control: what the speed check decided per UNet level, written after each batch (runner.after_batch).
+LEVELS_KEY = "ToMe levels"
+# The WebUI's default: GPU users get no level that measured slower than doing nothing (the CPU is not timed).
+WEBUI_SPEED_CHECK = "auto"
 
 
 def _to_bool(value: Any) -> bool:
@@ -66,7 +72,9 @@ FIELDS: tuple[Field, ...] = (
     Field("start_percent", "ToMe start percent", float),
     Field("end_percent", "ToMe end percent", float),
     Field("min_tokens", "ToMe min tokens", _to_int),
-    Field("kv_downsample", "ToMe kv downsample", str),  # last: older API arg lists stay valid
+    Field("kv_downsample", "ToMe kv downsample", str),  # appended after the first release: older API
+    Field("matching", "ToMe matching", str),            # arg lists stay valid (a shorter list keeps
+    Field("speed_check", "ToMe speed check", str),      # the defaults of what it lacks)
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 INFOTEXT_KEYS = tuple(f.key for f in FIELDS if f.key)
@@ -95,6 +103,8 @@ class WebUIArgs:
     end_percent: float = ToMeConfig.end_percent
     min_tokens: int = ToMeConfig.min_tokens
     kv_downsample: str = ToMeConfig.kv_downsample
+    matching: str = ToMeConfig.matching
+    speed_check: str = WEBUI_SPEED_CHECK
 
     @classmethod
     def from_script_args(cls, args: Sequence[Any]) -> "WebUIArgs":

@@ -21,9 +21,9 @@ from typing import Any, Sequence
 import tome_core
 from tome_core import ToMeConfig
 import tome_core.patch
-from tome_core.model_patcher import check_model_patcher, patch_model_patcher
+from tome_core.model_patcher import check_model_patcher, describe_patcher, patch_model_patcher
 
-from .options import INFOTEXT_KEYS, SKIPPED_KEY, SKIPPED_VALUE, WebUIArgs
+from .options import INFOTEXT_KEYS, LEVELS_KEY, SKIPPED_KEY, SKIPPED_VALUE, WebUIArgs
 
 RUN_ATTR = "tome_run"  # per-run state on p
 OVERRIDES_ATTR = "tome_overrides"  # set on p by the XYZ axes (see xyz.py)
@@ -66,8 +66,10 @@ class Run:
     patched: list = field(default_factory=list)  # A1111 models this run patched
     forge_source: Any = None  # Forge: the UNet patcher last cloned, and the clone handed back
     forge_clone: Any = None
+    levels: list = field(default_factory=list)  # the speed check's verdicts so far (describe lines)
 
     def patch(self, model: Any, config: ToMeConfig) -> None:
+        self.collect(model)  # a new patch starts with no verdicts: keep the previous pass's
         if not config.enabled:
             unpatch(model)
             return
@@ -75,10 +77,22 @@ class Run:
         if not any(m is model for m in self.patched):
             self.patched.append(model)
 
+    def collect(self, model: Any) -> None:
+        """Add the verdicts of the patch now on ``model`` (A1111) or on the Forge clone to ``levels``."""
+        if is_forge_run(self):
+            lines = describe_patcher(self.forge_clone)
+        else:
+            lines = tome_core.describe(model).splitlines() if model is not None and tome_core.is_patched(model) else []
+        self.levels += [line for line in lines if line not in self.levels and line.startswith("level ")]
+
     def release(self) -> None:
         for model in self.patched:
             unpatch(model)
         self.patched.clear()
+
+
+def is_forge_run(run: Run) -> bool:
+    return run.forge_clone is not None
 
 
 def unpatch(model: Any) -> bool:
@@ -101,7 +115,7 @@ def start(p: Any, script_args: Sequence[Any]) -> Run | None:
         log("removed a patch left on the model by an earlier run that did not finish.")
     setattr(p, RUN_ATTR, None)
     # XYZ plot cells are shallow copies of one p and share its extra_generation_params dict.
-    for key in (*INFOTEXT_KEYS, SKIPPED_KEY):
+    for key in (*INFOTEXT_KEYS, SKIPPED_KEY, LEVELS_KEY):
         p.extra_generation_params.pop(key, None)
 
     try:
@@ -193,12 +207,26 @@ def before_sampling(p: Any) -> None:
         return
     config = run.hires if getattr(p, "is_hr_pass", False) else run.base
     objects = p.sd_model.forge_objects
+    if run.forge_clone is not None:
+        run.collect(None)  # the last pass's verdicts, before its clone is replaced
     if objects.unet is run.forge_clone:  # not restored since our last patch: never stack two merges
         objects.unet = run.forge_source
     if not config.enabled:
         return
     run.forge_source = objects.unet
     run.forge_clone = objects.unet = patch_model_patcher(objects.unet, config)
+
+
+def after_batch(p: Any) -> None:
+    """Script.postprocess_batch: after a batch is sampled and decoded, before its images' infotexts are
+    written, "ToMe levels" says what the speed check decided for each UNet level (timed on a GPU:
+    reduced or left whole, with the measured speed-up; on the CPU with "auto": not timed)."""
+    run = getattr(p, RUN_ATTR, None)
+    if run is None:
+        return
+    run.collect(None if is_forge(p) else p.sd_model)
+    if run.levels:
+        p.extra_generation_params[LEVELS_KEY] = "; ".join(run.levels)
 
 
 def finish(p: Any) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-from .options import (FIELDS, INFOTEXT_KEYS, KV_DOWNSAMPLE_CHOICES, MAX_DOWNSAMPLE_CHOICES, MODE_CHOICES, WebUIArgs,
-                      enabled_from_infotext)
+from .options import (FIELDS, INFOTEXT_KEYS, KV_DOWNSAMPLE_CHOICES, MATCHING_CHOICES, MAX_DOWNSAMPLE_CHOICES,
+                      MODE_CHOICES, SPEED_CHECK_CHOICES, WebUIArgs, enabled_from_infotext)
 
 TITLE = "ToMe (token merging)"
 FORGE_MLP_NOTE = ("Merge MLP is not offered here: Forge's UNet patcher has no patch point around the "
@@ -62,6 +62,15 @@ def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_acc
                                      value=d.kv_downsample, elem_id=script.elem_id("kv_downsample"),
                                      info="Mode kv only: nearest keeps one token per window (lower error on SD1.5 "
                                           "in our measurements), avg averages it (lower on SDXL).")
+            matching = gr.Radio(label="Matching", choices=list(MATCHING_CHOICES), value=d.matching,
+                                elem_id=script.elem_id("matching"),
+                                info="Mode merge only: block matches every block's tokens (tomesd); level matches "
+                                     "once per UNet level and step and reuses it (fewer GPU kernels).")
+            speed_check = gr.Radio(label="Speed check", choices=list(SPEED_CHECK_CHOICES), value=d.speed_check,
+                                   elem_id=script.elem_id("speed_check"),
+                                   info="auto: on a GPU, time each level once and leave it whole where ToMe "
+                                        "would be slower (the infotext says which); off: always reduce; on: "
+                                        "time on the CPU too.")
             with gr.Row():
                 merge_attn = gr.Checkbox(label="Merge self-attention", value=d.merge_attn,
                                          elem_id=script.elem_id("merge_attn"))
@@ -80,7 +89,8 @@ def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_acc
                                    elem_id=script.elem_id("min_tokens"))
 
     controls = [enabled, ratio, hr_ratio, max_downsample, sx, sy, use_rand, seed, mode,
-                merge_attn, merge_crossattn, merge_mlp, start_percent, end_percent, min_tokens, kv_downsample]
+                merge_attn, merge_crossattn, merge_mlp, start_percent, end_percent, min_tokens, kv_downsample,
+                matching, speed_check]
     assert len(controls) == len(FIELDS)
     script.infotext_fields = [(enabled, enabled_from_infotext)] + [
         (control, field.key) for control, field in zip(controls, FIELDS) if field.key

@@ -2,7 +2,11 @@
 // UNet level for the latent size the node's model is sampled at. Canvas text only (no HTML is
 // built), no network calls; values come from the node's widgets, the graph and the last run.
 import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
 import { NODE_IDS, describeLevels } from "./tome_levels.js";
+
+// Sent by the server (nodes/ui_messages.py) when the speed check decides a level during sampling.
+export const LEVELS_EVENT = "tome.levels";
 
 const LINE_HEIGHT = 14;
 const MAX_HOPS = 12;
@@ -74,11 +78,32 @@ export function infoLines(node, graph) {
     `${width}x${height}${size ? "" : " (no latent found, assumed)"}`,
     lastRun ? `${lastRun.model_type}: first attention level ${base}x` : "first attention level 1x (SDXL: 2x)",
   ];
-  return [head.join(", "), ...describeLevels(width, height, settings, base)];
+  return [head.join(", "), ...describeLevels(width, height, settings, base), ...speedCheckLines(node)];
+}
+
+// What the speed check decided on this GPU in the last run (the engine's own words), or how it will decide.
+export function speedCheckLines(node) {
+  const check = widgetValue(node, "speed_check") ?? node.tomeLastRun?.speed_check ?? "auto";
+  if (check === "off") return [];
+  const decided = (node.tomeLevels ?? []).filter((line) => line.startsWith("level "));
+  return decided.length ? decided : [`speed check ${check}: levels are timed at the first step (shown here after the run)`];
+}
+
+// Put the server's verdict lines on the node they name.
+export function onLevels(event) {
+  const detail = event?.detail;
+  // The server sends the id as a string; litegraph keys nodes by number (ids inside subgraphs stay strings).
+  const node = app.graph?.getNodeById?.(detail?.node) ?? app.graph?.getNodeById?.(Number(detail?.node));
+  if (!node || !Array.isArray(detail.lines)) return;
+  node.tomeLevels = detail.lines.map(String);
+  node.setDirtyCanvas?.(true, false);
 }
 
 export const extension = {
   name: "tome.ToMe.levels",
+  async setup() {
+    api.addEventListener(LEVELS_EVENT, onLevels);
+  },
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!NODE_IDS.includes(nodeData?.name)) return;
     const onExecuted = nodeType.prototype.onExecuted;
@@ -86,7 +111,9 @@ export const extension = {
       onExecuted?.apply(this, arguments);
       const info = message?.tome?.[0];
       if (info && typeof info === "object") {
-        this.tomeLastRun = { base_downsample: Number(info.base_downsample) || 1, model_type: String(info.model_type) };
+        this.tomeLastRun = { base_downsample: Number(info.base_downsample) || 1, model_type: String(info.model_type),
+                             speed_check: String(info.speed_check ?? "off") };
+        this.tomeLevels = undefined;  // a new patch: its levels are decided again
         if (info.family) {
           this.tomeLastRun.family = String(info.family);
           this.tomeLastRun.kv_window = Array.isArray(info.kv_window) ? info.kv_window.map(Number) : [];

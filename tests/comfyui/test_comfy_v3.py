@@ -61,15 +61,15 @@ def test_object_info_serves_the_registration_of_this_host(comfy):
         if host_has_v3():  # the 2024 /object_info has neither field
             assert info["output_tooltips"] == ["A copy of the model with ToMe applied."]
             assert info["description"].startswith("Token Merging")
-        for group in info["input"].values():
-            for spec in group.values():
+        for kind, group in info["input"].items():
+            for spec in group.values() if kind != "hidden" else ():  # hidden: the node's id, no widget
                 assert spec[1].get("tooltip")
     assert list(basic["input"]["required"]) == ["model", "ratio", "max_downsample"]
     assert list(adv["input"]["required"]) == ["model", "ratio", "max_downsample", "sx", "sy", "use_rand",
                                               "tome_seed", "mode", "merge_crossattn", "start_percent",
                                               "end_percent", "min_tokens"]
     # optional: workflows saved before they existed still load
-    assert list(adv["input"]["optional"]) == ["kv_downsample", "block_start", "block_end"]
+    assert list(adv["input"]["optional"]) == ["kv_downsample", "block_start", "block_end", "matching", "speed_check"]
     ratio = adv["input"]["required"]["ratio"][1]
     assert (ratio["default"], ratio["min"], ratio["max"], ratio["step"]) == (0.5, 0.0, 0.98, 0.01)
     assert basic["input"]["required"]["ratio"][1]["max"] == 0.75

@@ -136,7 +136,7 @@ def swap_patcher_before_hires(patcher):
         p.sd_model.forge_objects_after_applying_lora = ForgeObjects(patcher)
 
     return types.SimpleNamespace(args_from=0, args_to=0, process=noop, process_batch=noop, before_hr=before_hr,
-                                 process_before_every_sampling=noop, postprocess=noop)
+                                 process_before_every_sampling=noop, postprocess_batch=noop, postprocess=noop)
 
 
 def test_forge_applies_the_comfyui_nodes_patch_with_the_scripts_settings(script, host, comfy_patcher):

@@ -16,7 +16,8 @@ Each follows the real AUTOMATIC1111 (1.6+) / Forge signature and call order it s
 - ``modules.processing``: ``StableDiffusionProcessingTxt2Img`` fields the extension reads, and
   ``process_images`` calling the scripts' hooks in the real order (process; per batch
   process_batch, then ``p.sample(...)`` outside any handler — first pass, ``is_hr_pass`` +
-  before_hr + hires pass; postprocess only on success), ``close`` through ``contextlib.closing``
+  before_hr + hires pass — then postprocess_batch, before the batch's infotexts are made;
+  postprocess only on success), ``close`` through ``contextlib.closing``
   as modules/txt2img.py does. Forge's ``sample`` restores ``forge_objects`` from
   ``forge_objects_after_applying_lora`` before every sampling pass and then calls
   ``process_before_every_sampling`` (in the hires pass also once before restoring, as Forge's
@@ -219,6 +220,10 @@ class ScriptRunner:
     def process_before_every_sampling(self, p, **kwargs):
         self._call("process_before_every_sampling", p, **kwargs)
 
+    def postprocess_batch(self, p, images, **kwargs):
+        # modules/scripts.py ScriptRunner.postprocess_batch (A1111 c8a5322d): the images by keyword.
+        self._call("postprocess_batch", p, images=images, **kwargs)
+
     def postprocess(self, p, processed):
         self._call("postprocess", p, processed)
 
@@ -320,7 +325,7 @@ def process_images(p, *, fail_at_step=None, forge=False):
     p.host_forge, p.fail_at_step = forge, fail_at_step
     if p.scripts is not None:
         p.scripts.process(p)
-    outputs = []
+    outputs, infotexts = [], []
     for n in range(p.n_iter):
         p.seeds = [p.seed + n * p.batch_size + i for i in range(p.batch_size)]
         if p.scripts is not None:
@@ -329,7 +334,12 @@ def process_images(p, *, fail_at_step=None, forge=False):
         conditioning = _context(p.batch_size, p.seeds[0])
         outputs.append(p.sample(conditioning=conditioning, unconditional_conditioning=conditioning, seeds=p.seeds,
                                 subseeds=p.seeds, subseed_strength=0.0, prompts=[""] * p.batch_size))
-    processed = types.SimpleNamespace(images=outputs, info=create_infotext(p))
+        # process_images_inner: decode, then scripts.postprocess_batch(p, x_samples_ddim, batch_number=n),
+        # then each image's infotext(n, i): what a script writes there reaches that batch's infotexts.
+        if p.scripts is not None:
+            p.scripts.postprocess_batch(p, outputs[-1], batch_number=n)
+        infotexts.append(create_infotext(p))
+    processed = types.SimpleNamespace(images=outputs, info=create_infotext(p), infotexts=infotexts)
     if p.scripts is not None:
         p.scripts.postprocess(p, processed)
     return processed

@@ -6,7 +6,8 @@ then at least 2 timed rounds, interleaved; more rounds (up to 5, within a 170 s 
 the paired per-round ratios cannot tell the methods apart. --full: 512 and 768, 3 to 6 rounds
 (about 15 minutes on 2 cores). --tiny: the CI setting (tiny models of all three families, 64x64,
 1 round, seconds). --compile adds torch.compile'd rows. --gpu-suite: the GPU benchmark in one go
-(SD1.5 at 512/1024/2048 and SDXL at 1024, fp16, eager and compiled). Writes results.json (every
+(SD1.5 at 512/1024/2048 and SDXL at 1024/2048 eager and profiled, SD1.5 1024 compiled, fp16).
+--ops counts ATen ops and bytes gathered/scattered per forward. Writes results.json (every
 column defined under "metrics"), results.md and speedup_vs_error.png (needs matplotlib) into
 --out; the printed table ends with a legend of its columns.
 
@@ -47,8 +48,13 @@ PRESETS = {
     "quick": dict(families="sd15", res="512", repeats=1, max_repeats=1),
     "full": dict(families="sd15", res="512,768", repeats=3, max_repeats=6),
 }
-# the GPU benchmark: (family, sizes); fp16, SDPA default, default methods, eager + compiled
-GPU_SUITE = (("sd15", "512,1024,2048"), ("sdxl", "1024"))
+# The GPU benchmark (--gpu-suite), fp16, default SDPA: (family, sizes, methods, compiled, profiled); the
+# eager parts cover the issue's table and profile every case with CUDA activity; only SD1.5 1024² is
+# compiled (a compile takes about 40 s per variant on an H100, so the whole suite stays under 8 minutes).
+GPU_METHODS = "vanilla,merge,merge-level,merge-auto,kv,kv@0.75,tomesd"
+GPU_SUITE = (("sd15", "512,1024,2048", GPU_METHODS, False, True),
+             ("sdxl", "1024,2048", GPU_METHODS, False, True),
+             ("sd15", "1024", "vanilla,merge,merge-level,kv@0.75", True, False))
 GPU_SUITE_ROUNDS = dict(repeats=3, max_repeats=6)
 
 
@@ -83,9 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     preset.add_argument("--full", action="store_true",
                         help="bigger run: sd15 at 512 and 768 px, 3 to 6 rounds, no time budget")
     preset.add_argument("--gpu-suite", action="store_true",
-                        help="the GPU benchmark: sd15 at 512/1024/2048 and sdxl at 1024, fp16, "
-                             "default SDPA, eager and --compile, 3 to 6 rounds; --device cuda "
-                             "unless given; --families/--res pick a part (e.g. --families sdxl)")
+                        help="the GPU benchmark (under 8 minutes on one H100): sd15 at 512/1024/2048 and "
+                             "sdxl at 1024/2048, fp16, default SDPA, eager, every case profiled with CUDA "
+                             "activity; then sd15 1024 compiled; 3 to 6 rounds; --device cuda unless "
+                             "given; --families/--res/--methods pick a part (e.g. --families sdxl)")
     p.add_argument("--families", type=_csv(str), default=None,
                    help=f"comma list of UNet families {', '.join(FAMILIES)} or of DiT families "
                         f"{', '.join(DIT_FAMILIES)} (one kind per run) (default: {DEFAULTS['families']})")
@@ -176,8 +183,9 @@ def _preset(args: argparse.Namespace) -> dict:
 
 
 def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None = None,
-                     resolutions=None) -> BenchConfig:
-    """The BenchConfig of the command line (``families``/``resolutions``: a --gpu-suite part)."""
+                     resolutions=None, methods=None, compile_part: bool | None = None) -> BenchConfig:
+    """The BenchConfig of the command line (``families``/``resolutions``/``methods``/``compile_part``:
+    a --gpu-suite part; the command line's --methods and --compile win)."""
     preset = _preset(args)
     families = args.families or families or _csv(str)(preset["families"])
     dit = any(f in DIT_FAMILIES for f in families)
@@ -205,8 +213,9 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
     try:
         return BenchConfig(
             families=families, resolutions=resolutions, ratios=args.ratios,
-            methods=args.methods, batch=args.batch, dtype=dtype, repeats=repeats,
-            max_repeats=max_repeats, budget_s=budget, compile=args.compile or args.gpu_suite,
+            methods=args.methods or methods, batch=args.batch, dtype=dtype, repeats=repeats,
+            max_repeats=max_repeats, budget_s=budget,
+            compile=args.compile or (bool(compile_part) if compile_part is not None else False),
             peaked=args.peaked, guidance=args.guidance, scale="tiny" if args.tiny else "full",
             seed=args.seed, max_downsample=args.max_downsample, use_rand=args.use_rand,
             device=device, attention=args.attention,
@@ -219,11 +228,19 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
 def _configs(args: argparse.Namespace) -> list[BenchConfig]:
     if not args.gpu_suite:
         return [config_from_args(args)]
-    parts = [(f, _csv(_size)(res)) for f, res in GPU_SUITE if not args.families or f in args.families]
+    parts = [part for part in GPU_SUITE if not args.families or part[0] in args.families]
     if not parts:
-        raise UsageError(f"--gpu-suite covers {', '.join(f for f, _ in GPU_SUITE)}; "
+        raise UsageError(f"--gpu-suite covers {', '.join(sorted({p[0] for p in GPU_SUITE}))}; "
                          f"got --families {','.join(args.families)}")
-    return [config_from_args(args, (f,), res) for f, res in parts]
+    return [config_from_args(args, (family,), _csv(_size)(res), _csv(str)(methods), compiled)
+            for family, res, methods, compiled, _ in parts]
+
+
+def _profiled(args: argparse.Namespace) -> list[bool]:
+    """Per config of ``_configs``: whether every case of it is profiled (--gpu-suite's eager parts)."""
+    if not args.gpu_suite:
+        return [False]
+    return [profiled for family, *_, profiled in GPU_SUITE if not args.families or family in args.families]
 
 
 def busy_line(rows: list[dict]) -> str | None:
@@ -286,13 +303,14 @@ def main(argv: list[str] | None = None) -> int:
                            "environment": env, "metrics": report.METRICS, "skipped": cfg.skipped,
                            "complete": complete, "rows": rows + new_rows, **extra}, json_path)
 
-    profile, estimates = None, []
-    for cfg in configs:
+    profile, profiles, estimates = None, [], []
+    for cfg, every_case in zip(configs, _profiled(args)):
         run = run_benchmark(cfg, progress_bar=not args.no_progress,
-                            profile=args.profile and not rows,
+                            profile=(args.profile and not rows) or every_case, profile_every_case=every_case,
                             on_rows=lambda new: save(new, complete=False))
-        if "profile" in run:
+        if "profile" in run and profile is None:
             profile = run["profile"]
+        profiles += run.get("profiles", [])
         rows += run["rows"]
         done_cfgs.append(cfg.as_dict())
         estimates.append(run["estimate"])
@@ -301,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     env["wall_s"] = round(time.perf_counter() - t0, 1)
     env["estimates"] = estimates  # per benchmark run: seconds in, predicted total seconds
     extra = {"profile": profile} if profile is not None else {}
+    if len(profiles) > 1:
+        extra["profiles"] = profiles
     save([], complete=True, **extra)
 
     for method, reason in cfg.skipped.items():
@@ -314,9 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         from .profiling import format_profile
 
-        prof = extra["profile"]
-        print(f"\nprofile: {prof['family']} {prof['width']}x{prof['height']}, "
-              f"batch {prof['batch']}, {prof['dtype']}\n" + format_profile(prof["variants"]))
+        for prof in extra.get("profiles", [extra["profile"]]):
+            print(f"\nprofile: {prof['family']} {prof['width']}x{prof['height']}, "
+                  f"batch {prof['batch']}, {prof['dtype']}\n" + format_profile(prof["variants"]))
     where = env.get("gpu") or env.get("cpu")
     md = args.out / "results.md"
     md.write_text(report.format_markdown(

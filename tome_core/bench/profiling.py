@@ -57,8 +57,9 @@ def _scoped_forward(unet, inputs: measure.Inputs):
             for child, group in _CHILDREN.items():
                 if getattr(module, child) is not None:  # e.g. no attn2 in some blocks
                     _add_scope(getattr(module, child), group, False, handles, sync)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     try:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=activities) as prof:
             with record_function(_PREFIX + "unet"):
                 measure.forward(unet, inputs)
                 sync()
@@ -68,35 +69,55 @@ def _scoped_forward(unet, inputs: measure.Inputs):
     return prof
 
 
+def _device_ms(event, self_only: bool = False) -> float:
+    """An event's CUDA kernel time in ms (torch 2.x names it device_time, older cuda_time)."""
+    names = ("self_device_time_total", "self_cuda_time_total") if self_only else ("device_time_total",
+                                                                                    "cuda_time_total")
+    for name in names:
+        value = getattr(event, name, None)
+        if value is not None:
+            return value / 1000
+    return 0.0
+
+
 def profile_variant(unet, inputs: measure.Inputs, variant: Variant, options: dict,
                     top: int = 10) -> dict:
     """Profile one forward of ``variant``: ms per group and the ``top`` ops by self time.
 
-    Meant to run after the benchmark has warmed up these shapes (as ``runner.profile_case``
-    does), so no extra warm-up forward is spent here.
+    On CUDA the times are the kernels' (CUDA activity: each range's kernel time, each op's own
+    kernels), not the CPU's launch time; on the CPU they are CPU time. Meant to run after the
+    benchmark has warmed up these shapes (as ``runner.profile_case`` does), so no extra warm-up
+    forward is spent here.
     """
     with patched(unet, variant, **options):
         prof = _scoped_forward(unet, inputs)
     events = prof.key_averages()
-    total = {e.key[len(_PREFIX):]: e.cpu_time_total / 1000 for e in events
-             if e.key.startswith(_PREFIX)}
+    on_device = inputs.sample.device.type == "cuda"
+
+    def span(e):
+        return _device_ms(e) if on_device else e.cpu_time_total / 1000
+
+    def own(e):
+        return _device_ms(e, self_only=True) if on_device else e.self_cpu_time_total / 1000
+
+    total = {e.key[len(_PREFIX):]: span(e) for e in events if e.key.startswith(_PREFIX)}
     groups = {g: total.get(g, 0.0) for g in ("self_attention", "cross_attention", "mlp")}
     groups["block_other"] = total.get("block", 0.0) - sum(groups.values())
     groups["rest_of_unet"] = total.get("unet", 0.0) - total.get("block", 0.0)
-    ops = sorted((e for e in events if not e.key.startswith(_PREFIX)),
-                 key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    ops = sorted((e for e in events if not e.key.startswith(_PREFIX)), key=own, reverse=True)[:top]
     return {
         "label": variant.label,
+        "clock": "CUDA kernels" if on_device else "CPU",
         "total_ms": total.get("unet", 0.0),
         "groups_ms": groups,
-        "top_ops": [{"op": e.key, "self_ms": e.self_cpu_time_total / 1000, "calls": e.count}
-                    for e in ops],
+        "top_ops": [{"op": e.key, "self_ms": own(e), "calls": e.count} for e in ops],
     }
 
 
 def format_profile(profiles: list[dict]) -> str:
     """Grouped table (ms and % of the forward) for all variants, then top ops per variant."""
-    lines = ["time per group, ms (% of forward); profiled, so slower than the timed runs"]
+    clock = profiles[0].get("clock", "CPU") if profiles else "CPU"
+    lines = [f"{clock} time per group, ms (% of forward); profiled, so slower than the timed runs"]
     head = ["group"] + [p["label"] for p in profiles]
     rows = [head]
     for g in GROUPS:

@@ -438,10 +438,11 @@ def profile_case(unet, family: str, size: tuple[int, int], variants: list[Varian
 
 def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = False,
                   on_rows: Callable[[list[dict]], None] | None = None,
-                  log: Log | None = None) -> dict:
+                  log: Log | None = None, profile_every_case: bool = False) -> dict:
     """Run everything in ``cfg``; returns ``{"config", "rows", "skipped"}`` (and ``"profile"``
-    of the first family and size when ``profile``). ``on_rows(rows_so_far)`` is called after
-    each family/size, so a long run that is stopped early still leaves its results."""
+    of the first family and size when ``profile``; with ``profile_every_case`` also ``"profiles"``,
+    one per family and size). ``on_rows(rows_so_far)`` is called after each family/size, so a long
+    run that is stopped early still leaves its results."""
     from tqdm.auto import tqdm
 
     variants = cfg.resolve()
@@ -455,7 +456,7 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
     kind = cfg.kind
     log(f"{n_forwards} {kind.kind} forwards to run; a time estimate follows "
         "the first warm-up round")
-    rows, prof = [], None
+    rows, prof, profiles = [], None, []
     try:
         with attention_backend(cfg.attention):
             for family in cfg.families:
@@ -471,9 +472,10 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
                     clock.case_done()
                     if on_rows:
                         on_rows(rows)
-                    if profile and prof is None and kind.compiles:
+                    if profile and (prof is None or profile_every_case) and kind.compiles:
                         bar.set_description(f"{family} {size[0]}x{size[1]} profiling")
-                        prof = profile_case(model, family, size, variants, cfg)
+                        profiles.append(profile_case(model, family, size, variants, cfg))
+                        prof = prof or profiles[0]
                 del model
                 gc.collect()
     finally:
@@ -482,4 +484,6 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
               "estimate": clock.first, "run_s": round(clock.elapsed(), 1)}
     if prof is not None:
         result["profile"] = prof
+    if profile_every_case:
+        result["profiles"] = profiles
     return result

@@ -79,3 +79,7 @@ NODE_CLASS_MAPPINGS.update(_V1_TWIN_NODES)
 from .fault_nodes import NODE_CLASS_MAPPINGS as _FAULT_NODES  # noqa: E402
 
 NODE_CLASS_MAPPINGS.update(_FAULT_NODES)
+
+from .speed_nodes import NODE_CLASS_MAPPINGS as _SPEED_NODES  # noqa: E402
+
+NODE_CLASS_MAPPINGS.update(_SPEED_NODES)

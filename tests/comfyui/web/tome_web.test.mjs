@@ -15,10 +15,13 @@ async function loadExtension() {
   mkdirSync(join(root, "scripts"));
   writeFileSync(join(root, "scripts", "app.js"),
     "export const app = { extensions: [], graph: null, registerExtension(e) { this.extensions.push(e); } };\n");
+  // ComfyUI's api (scripts/api.js) is an EventTarget that re-dispatches the server's websocket messages.
+  writeFileSync(join(root, "scripts", "api.js"), "export const api = new EventTarget();\n");
   cpSync(WEB, join(root, "extensions", "comfyui-tome"), { recursive: true });
   const module = await import(pathToFileURL(join(root, "extensions", "comfyui-tome", "tome.js")));
   const { app } = await import(pathToFileURL(join(root, "scripts", "app.js")));
-  return { module, app };
+  const { api } = await import(pathToFileURL(join(root, "scripts", "api.js")));
+  return { module, app, api };
 }
 
 function makeGraph() {
@@ -100,4 +103,32 @@ test("after a DiT run the node shows the kv window instead of UNet levels", asyn
   assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[2], "blocks reduced: 19 of 57");
   node.onExecuted({ tome: [{ model_type: "Flux", family: "flux", kv_window: [1, 2], blocks: [57, 57] }] });
   assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[2], "all 57 blocks");
+});
+
+test("the speed check's verdicts sent during sampling are drawn on the node they name", async () => {
+  const { module, app, api } = await loadExtension();
+  class NodeType {}
+  await module.extension.beforeRegisterNodeDef(NodeType, { name: "TomeCoreToMeAdvanced" });
+  await module.extension.setup();
+  const { graph, add } = makeGraph();
+  app.graph = graph;
+  const node = add(Object.assign(new NodeType(), {
+    id: 1, graph, size: [300, 80], computeSize: () => [300, 80],
+    widgets: [{ name: "ratio", value: 0.5 }, { name: "speed_check", value: "auto" }],
+    outputs: [{ name: "MODEL", type: "MODEL", links: [10] }],
+  }));
+  node.onExecuted({ tome: [{ base_downsample: 1, model_type: "BaseModel", speed_check: "auto" }] });
+  let lines = module.infoLines(node, graph);
+  assert.equal(lines.at(-1), "speed check auto: levels are timed at the first step (shown here after the run)");
+  const verdict = "level 1 (96x128 tokens, 5 blocks) at 1024x768 px: left whole: merging measured 0.86x on cuda:0 (NVIDIA H200)";
+  api.dispatchEvent(new CustomEvent(module.LEVELS_EVENT, { detail: { node: "1", lines: ["ToMe merge r=0.5 ...", verdict] } }));
+  assert.deepEqual(node.tomeLevels, ["ToMe merge r=0.5 ...", verdict]);
+  lines = module.infoLines(node, graph);
+  assert.equal(lines.at(-1), verdict);
+  api.dispatchEvent(new CustomEvent(module.LEVELS_EVENT, { detail: { node: "99", lines: ["elsewhere"] } }));
+  assert.equal(module.infoLines(node, graph).at(-1), verdict, "another node's verdicts are not drawn here");
+  node.onExecuted({ tome: [{ base_downsample: 1, model_type: "BaseModel", speed_check: "auto" }] });
+  assert.match(module.infoLines(node, graph).at(-1), /^speed check auto/, "a new run decides again");
+  node.widgets[1].value = "off";
+  assert.ok(!module.infoLines(node, graph).some((line) => line.includes("speed check")));
 });
