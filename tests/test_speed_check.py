@@ -40,6 +40,15 @@ def forward(unet, inputs):
         return unet(sample, timestep, encoder_hidden_states=context).sample
 
 
+def patched_run(unet, inputs, **options):
+    """(output, describe text) of one forward with ToMe applied with ``options``; removed after."""
+    tome_core.apply_patch(unet, **options)
+    try:
+        return forward(unet, inputs), tome_core.describe(unet)
+    finally:
+        tome_core.remove_patch(unet)
+
+
 def forced(speedups: dict, calls: list):
     """A timer giving ``speedups[grid]`` (default 2.0) and recording what it was asked to time."""
     def timer(config, shape, device, dtype):
@@ -60,12 +69,7 @@ def test_a_level_measured_slower_is_left_whole_and_the_output_is_vanilla(unet, i
     calls = []
     monkeypatch.setattr(speed_check, "measure_speedup", forced({(16, 16): 0.86}, calls))
     vanilla = forward(unet, inputs)
-    tome_core.apply_patch(unet, ratio=0.5, speed_check="on")
-    try:
-        out = forward(unet, inputs)
-        text = tome_core.describe(unet)
-    finally:
-        tome_core.remove_patch(unet)
+    out, text = patched_run(unet, inputs, ratio=0.5, speed_check="on")
     assert torch.equal(out, vanilla)
     assert [shape.grid for shape in calls] == [(16, 16)] and calls[0].blocks == 5 and calls[0].batch == 2
     assert "level 1 (16x16 tokens, 5 blocks) at 128x128 px: left whole: merging measured 0.86x on cpu" in text
@@ -73,14 +77,8 @@ def test_a_level_measured_slower_is_left_whole_and_the_output_is_vanilla(unet, i
 
 def test_a_level_measured_faster_is_reduced_as_without_the_check(unet, inputs, monkeypatch):
     monkeypatch.setattr(speed_check, "measure_speedup", forced({(16, 16): 1.31}, []))
-    tome_core.apply_patch(unet, ratio=0.5)
-    plain = forward(unet, inputs)
-    tome_core.apply_patch(unet, ratio=0.5, speed_check="on")
-    try:
-        checked = forward(unet, inputs)
-        text = tome_core.describe(unet)
-    finally:
-        tome_core.remove_patch(unet)
+    plain, _ = patched_run(unet, inputs, ratio=0.5)
+    checked, text = patched_run(unet, inputs, ratio=0.5, speed_check="on")
     assert torch.equal(checked, plain) and not torch.equal(checked, forward(unet, inputs))
     assert "level 1 (16x16 tokens, 5 blocks) at 128x128 px: reduced: merging measured 1.31x on cpu" in text
 
@@ -108,12 +106,7 @@ def test_levels_are_decided_apart_and_each_shape_is_timed_once(unet, inputs, mon
 def test_auto_times_gpus_only_and_says_so_on_the_cpu(unet, inputs, monkeypatch):
     calls = []
     monkeypatch.setattr(speed_check, "measure_speedup", forced({}, calls))
-    tome_core.apply_patch(unet, ratio=0.5, speed_check="auto")
-    try:
-        forward(unet, inputs)
-        text = tome_core.describe(unet)
-    finally:
-        tome_core.remove_patch(unet)
+    _, text = patched_run(unet, inputs, ratio=0.5, speed_check="auto")
     assert calls == []
     assert "level 1 (16x16 tokens, 5 blocks) at 128x128 px: reduced (not timed on cpu)" in text
     assert speed_check.should_time(tome_core.ToMeConfig(speed_check="auto"), torch.device("cuda", 0))
@@ -122,15 +115,9 @@ def test_auto_times_gpus_only_and_says_so_on_the_cpu(unet, inputs, monkeypatch):
 def test_off_is_tomesd_behaviour_and_kv_is_checked_too(unet, inputs, monkeypatch):
     calls = []
     monkeypatch.setattr(speed_check, "measure_speedup", forced({(16, 16): 0.5}, calls))
-    tome_core.apply_patch(unet, ratio=0.5)
-    forward(unet, inputs)
-    assert calls == [] and "speed check off" in tome_core.describe(unet)
-    tome_core.apply_patch(unet, ratio=0.5, mode="kv", speed_check="on")
-    try:
-        out = forward(unet, inputs)
-        text = tome_core.describe(unet)
-    finally:
-        tome_core.remove_patch(unet)
+    _, text = patched_run(unet, inputs, ratio=0.5)
+    assert calls == [] and "speed check off" in text
+    out, text = patched_run(unet, inputs, ratio=0.5, mode="kv", speed_check="on")
     vanilla = forward(unet, inputs)
     assert torch.equal(out, vanilla) and "left whole: kv measured 0.50x" in text
 

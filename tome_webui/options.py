@@ -22,8 +22,11 @@ MATCHING_CHOICES = MATCHINGS
 SPEED_CHECK_CHOICES = SPEED_CHECKS
 # Not a control: what the speed check decided per UNet level, written after each batch (runner.after_batch).
 LEVELS_KEY = "ToMe levels"
-# The WebUI's default: GPU users get no level that measured slower than doing nothing (the CPU is not timed).
+# The WebUI's defaults: GPU users get no level that measured slower than doing nothing (the CPU is not
+# timed), and one matching per level (as close to the original as tomesd's per-block matching or closer,
+# with a fifth of its matching work; README "Which matching?").
 WEBUI_SPEED_CHECK = "auto"
+WEBUI_MATCHING = "level"
 
 
 def _to_bool(value: Any) -> bool:
@@ -103,7 +106,7 @@ class WebUIArgs:
     end_percent: float = ToMeConfig.end_percent
     min_tokens: int = ToMeConfig.min_tokens
     kv_downsample: str = ToMeConfig.kv_downsample
-    matching: str = ToMeConfig.matching
+    matching: str = WEBUI_MATCHING
     speed_check: str = WEBUI_SPEED_CHECK
 
     @classmethod

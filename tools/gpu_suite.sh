@@ -15,18 +15,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-bench_out}/gpu}"
+python="${PYTHON:-python3}"  # the interpreter with the CUDA torch
 mkdir -p "$out"
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1 KINETO_LOG_LEVEL=99
 (nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true) > "$out/gpu.txt" 2>&1
-python3 -c "import torch, diffusers, tomesd; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+"$python" -c "import torch, diffusers, tomesd; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'diffusers', diffusers.__version__, 'tomesd', getattr(tomesd, '__version__', '?'))" >> "$out/gpu.txt" 2>&1
-timeout "${TOME_GPU_SUITE_TIMEOUT:-470}" python3 -m tome_core bench --gpu-suite --no-progress --out "$out" "${@:2}" \
+timeout "${TOME_GPU_SUITE_TIMEOUT:-470}" "$python" -m tome_core bench --gpu-suite --no-progress --out "$out" "${@:2}" \
   2>&1 | tee "$out/log.txt"
 status=${PIPESTATUS[0]}
 echo "gpu suite exit status: $status (124 = stopped by the timeout; results.json holds the rows done)" | tee -a "$out/log.txt"

@@ -87,7 +87,7 @@ def test_the_basic_node_on_the_cpu_is_not_timed_and_says_so(comfy, plain_image):
     assert (pixels(result.images[0]) != plain_image).any()  # "auto" does not time the CPU: reduced
     assert any("reduced (not timed on cpu)" in line for line in levels_sent(messages, "11")[-1])
     info = result.outputs["11"]["tome"][0]
-    assert info["speed_check"] == "auto" and info["matching"] == "block"
+    assert info["speed_check"] == "auto" and info["matching"] == "level"
 
 
 def test_speed_check_off_sends_nothing(comfy):
@@ -103,5 +103,5 @@ def test_the_advanced_node_offers_matching_and_speed_check_as_optional_inputs(co
         return entry[1]["options"] if entry[0] == "COMBO" else entry[0]
 
     assert options(optional["speed_check"]) == ["off", "auto", "on"] and optional["speed_check"][1]["default"] == "auto"
-    assert options(optional["matching"]) == ["block", "level"] and optional["matching"][1]["default"] == "block"
+    assert options(optional["matching"]) == ["block", "level"] and optional["matching"][1]["default"] == "level"
     assert comfy_env.ADVANCED_DEFAULTS.keys().isdisjoint({"speed_check", "matching"})  # older workflows: defaults

@@ -74,7 +74,7 @@ ARG_ORDER = ("enabled", "ratio", "hr_ratio", "max_downsample", "sx", "sy", "use_
 ARG_DEFAULTS = {"enabled": True, "ratio": 0.5, "hr_ratio": 0.5, "max_downsample": "1", "sx": 2, "sy": 2,
                 "use_rand": True, "seed": 0, "mode": "merge", "merge_attn": True, "merge_crossattn": False,
                 "merge_mlp": False, "start_percent": 0.0, "end_percent": 1.0, "min_tokens": 0,
-                "kv_downsample": "nearest", "matching": "block", "speed_check": "auto"}
+                "kv_downsample": "nearest", "matching": "level", "speed_check": "auto"}
 
 
 def tome_args(**values: Any) -> List[Any]:

@@ -127,10 +127,12 @@ def test_hires_ratio_zero_leaves_the_hires_pass_unmerged(script, host, sd_model)
 
 
 def test_parity_with_tomesd_on_the_same_ldm_model(script, host, sd_model, reference):
-    """The patch the script applies equals tomesd 0.1.3 (its LDM path: ToMeBlock._forward)."""
+    """With matching "block" the patch the script applies equals tomesd 0.1.3 (its LDM path:
+    ToMeBlock._forward); the WebUI's default, "level", matches once per level instead."""
     tomesd = require("tomesd")
     for max_downsample in ("1", "2"):
-        p = make_p(sd_model, host, script, script_args(ratio=0.5, max_downsample=max_downsample, use_rand=False))
+        p = make_p(sd_model, host, script, script_args(ratio=0.5, max_downsample=max_downsample, use_rand=False,
+                                                       matching="block"))
         script.process(p, *p.script_args)
         script.process_batch(p, *p.script_args, batch_number=0, prompts=[""], seeds=[1], subseeds=[1])
         tomesd.apply_patch(reference, ratio=0.5, max_downsample=int(max_downsample), sx=2, sy=2, use_rand=False)

@@ -60,7 +60,7 @@ def test_ui_controls_follow_the_documented_api_argument_order(script):
     assert len(script.controls) == len(FIELDS) == 18
     values = [c.value for c in script.controls]
     assert values == [False, 0.5, 0.5, "1", 2, 2, True, 0, "merge", True, False, False, 0.0, 1.0, 0, "nearest",
-                      "block", "auto"]
+                      "level", "auto"]
     doc = open(os.path.join(REPO, "docs", "WEBUI.md"), encoding="utf-8").read()
     documented = re.findall(r"^\| (\d+) \| `(\w+)` \|", doc, flags=re.M)
     assert [(int(i), name) for i, name in documented] == [(i, f.name) for i, f in enumerate(FIELDS)]
@@ -117,7 +117,7 @@ def test_infotext_holds_every_option_and_pasting_it_restores_the_controls(script
     by_control = {id(control): value for (control, _), value in zip(script.infotext_fields, pasted)}
     restored = [by_control[id(c)] for c in script.controls]
     assert restored == [True, 0.4, 0.3, "2", 3.0, 1.0, False, 7.0, "merge", True, True, False, 0.1, 0.9, 64.0,
-                        "avg", "block", "auto"]
+                        "avg", "level", "auto"]
     assert script.paste_field_names == list(INFOTEXT_KEYS)
 
 

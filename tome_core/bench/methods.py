@@ -17,15 +17,15 @@ DEFAULT_METHODS = ("vanilla", "merge", "kv", "tomesd")
 # tome_core.apply_patch options of this project's methods
 OUR_METHODS = {"merge": {"mode": "merge"}, "merge-level": {"mode": "merge", "matching": "level"},
                # what the ComfyUI nodes and the WebUI do by default (speed check on GPUs)
-               "merge-auto": {"mode": "merge", "speed_check": "auto"},
+               "merge-auto": {"mode": "merge", "matching": "level", "speed_check": "auto"},
                "kv": {"mode": "kv"}, "kv-avg": {"mode": "kv", "kv_downsample": "avg"}}
 # what each method name means, for the report
 DESCRIPTIONS = {
     "vanilla": "unpatched UNet",
     "merge": "tome_core.apply_patch(mode='merge')",
     "merge-level": "tome_core.apply_patch(mode='merge', matching='level'): one matching per level and call",
-    "merge-auto": "tome_core.apply_patch(mode='merge', speed_check='auto'): the ComfyUI/WebUI default; on a GPU a "
-                  "level measured slower is left whole",
+    "merge-auto": "tome_core.apply_patch(mode='merge', matching='level', speed_check='auto'): the ComfyUI/WebUI "
+                  "default; on a GPU a level measured slower is left whole",
     "kv": "tome_core.apply_patch(mode='kv')",
     "kv-avg": "tome_core.apply_patch(mode='kv', kv_downsample='avg')",
     "tomesd": "tomesd.apply_patch (reference package)",
