@@ -462,6 +462,26 @@ def test_table_with_compiled_rows_and_a_compile_failure():
     assert "| compiled |" in format_markdown(rows) and "`Unsupported: boom`" in format_markdown(rows)
 
 
+def test_op_counts_show_what_each_patch_adds_along_the_gpus_code_path():
+    """--ops: the ATen ops and gathered/scattered MiB each patch adds to one forward, counted along the
+    GPU's matching (every token scored) on any device, and the step's first forward counted apart."""
+    from tome_core import merge
+    from tome_core.bench.runner import BenchConfig, run_benchmark
+
+    cfg = BenchConfig(families=("sd15",), resolutions=((64, 64),), scale="tiny", dtype="fp32", repeats=1,
+                      methods=("vanilla", "merge", "merge-level", "kv"), peaked=1.0, ops=True)
+    rows = {r["label"]: r for r in run_benchmark(cfg, progress_bar=False)["rows"]}
+    vanilla, block, level, kv = (rows[k] for k in ("vanilla", "merge r=0.5", "merge-level r=0.5", "kv r=0.5"))
+    assert vanilla["aten_ops_added"] == 0 and vanilla["moved_mib"] == 0 and vanilla["aten_ops"] > 500
+    assert 0 < kv["aten_ops_added"] < level["aten_ops_added"] < block["aten_ops_added"]
+    assert 0 < level["moved_mib_added"] < block["moved_mib_added"]
+    # the tiny SD1.5 has 5 blocks on level 1: block matching runs 5 matchings, level matching 1
+    assert block["ops_added_by_name"]["topk"] == 5 and level["ops_added_by_name"]["topk"] == 1
+    assert "index_copy_" not in block["ops_added_by_name"]  # the GPU's path: no source gather
+    assert block["step_table_ops"] > 0 and kv["step_table_ops"] > 0
+    assert merge.GATHER_SOURCES_ON == ("cpu",)  # restored after counting
+
+
 def test_presets_and_gpu_suite_configs():
     from tome_core.bench.cli import _configs, build_parser
 

@@ -41,6 +41,23 @@ def test_matching_equals_tomesd_on_random_tokens(hw, ratio):
     assert torch.allclose(unmerge(merge(x)), ref_unmerge(ref_merge(x)), atol=1e-6)
 
 
+@pytest.mark.parametrize("hw,ratio", [((8, 8), 0.5), ((7, 9), 0.25), ((16, 12), 0.75)])
+def test_the_gpu_and_cpu_matchings_place_every_token_alike(hw, ratio):
+    """The GPU's path (every token scored, destinations masked) and the CPU's (sources gathered and
+    scored alone) give the same slots, so the same merged tokens, on either device."""
+    from tome_core.merge import match_tokens
+
+    h, w = hw
+    x = torch.randn(2, h * w, 16, generator=torch.Generator().manual_seed(7))
+    choice = torch.randint(4, (h // 2, w // 2), generator=torch.Generator().manual_seed(8))
+    partition = make_partition(h, w, 2, 2, choice)
+    everything = match_tokens(x, partition, int(h * w * ratio), gather_sources=False)
+    sources = match_tokens(x, partition, int(h * w * ratio), gather_sources=True)
+    assert torch.equal(everything.slot, sources.slot) and everything.shape == sources.shape
+    assert torch.equal(everything.inverse_counts, sources.inverse_counts)
+    assert torch.equal(everything.functions()[0](x), sources.functions()[0](x))
+
+
 def test_r_zero_is_the_identity_function():
     x = torch.randn(1, 16, 4)
     merge, unmerge = bipartite_soft_matching(x, make_partition(4, 4, 2, 2), r=0)

@@ -135,14 +135,21 @@ class Matching:
         return partial(_merge, matching=self), partial(_unmerge, matching=self)
 
 
-def match_tokens(metric: torch.Tensor, partition: Partition, r: int) -> Optional[Matching]:
+GATHER_SOURCES_ON = ("cpu",)  # device types where match_tokens gathers the sources and scores them alone
+
+
+def match_tokens(metric: torch.Tensor, partition: Partition, r: int,
+                 gather_sources: Optional[bool] = None) -> Optional[Matching]:
     """Bipartite soft matching of ``metric``'s tokens on ``partition``; None when nothing is merged.
 
     metric: [B, N, C] tokens whose cosine similarity decides the matching (the block input).
     r: number of tokens to remove, clipped to the number of sources. The r sources most similar to
-    their best destination are averaged into it (tomesd 0.1.3's maths). Scores are taken for every
-    token against the destinations, the destinations' own rows masked out, so no source is gathered
-    and merged tokens come out as positions in the sequence: a few large ops, no sort, no host sync.
+    their best destination are averaged into it (tomesd 0.1.3's maths), with a few large ops, no
+    sort and no host sync. On a GPU scores are taken for every token against the destinations, the
+    destinations' own rows masked out, so no source is gathered (each op is a kernel launch, and
+    the extra quarter of score rows is cheap there); on the CPU, where those rows would cost more
+    than the gather, the sources are gathered and scored alone. The result is the same.
+    gather_sources: None chooses by device (``GATHER_SOURCES_ON``).
     """
     batch, n_tokens, channels = metric.shape
     num_dst = partition.num_dst
@@ -152,8 +159,14 @@ def match_tokens(metric: torch.Tensor, partition: Partition, r: int) -> Optional
     num_out = n_tokens - r
     with torch.no_grad():
         metric = metric / metric.norm(dim=-1, keepdim=True)
-        node_max, node_idx = best_destinations(metric, metric.index_select(1, partition.dst_idx))
-        merged = (node_max + partition.dst_mask).topk(r, dim=-1, sorted=False).indices  # [B, r] positions
+        dst = metric.index_select(1, partition.dst_idx)
+        if metric.device.type in GATHER_SOURCES_ON if gather_sources is None else gather_sources:
+            src_max, src_idx = best_destinations(metric.index_select(1, partition.src_idx), dst)
+            merged = partition.src_idx[src_max.topk(r, dim=-1, sorted=False).indices]  # [B, r] positions
+            node_idx = src_idx.new_empty(batch, n_tokens).index_copy_(1, partition.src_idx, src_idx)
+        else:
+            node_max, node_idx = best_destinations(metric, dst)
+            merged = (node_max + partition.dst_mask).topk(r, dim=-1, sorted=False).indices  # [B, r] positions
         is_merged = torch.zeros(batch, n_tokens, dtype=torch.bool, device=metric.device).scatter_(1, merged, True)
         unmerged = partition.is_src.masked_fill(is_merged, 0)  # [B, N] 1 at sources that stay
         slot = torch.where(is_merged, node_idx, partition.base_slot + unmerged.cumsum(dim=1) * unmerged)

@@ -12,8 +12,9 @@ of a sampling step does), and reports the second, and what the first added:
   the tensor written into), the data a merge moves that attention does not;
 - ``host_syncs``: ops that make the host wait for the device (``.item()`` and the like).
 
-Counted under a ``TorchDispatchMode`` below autograd, on whatever device the run uses; the
-counts do not depend on the device, so they are the GPU cost's proxy where no GPU is at hand.
+Counted under a ``TorchDispatchMode`` below autograd, on whatever device the run uses, along the
+code path a GPU takes (the CPU's matching scores only the sources, see ``merge.match_tokens``; while
+counting, every device takes the GPU's path), so they are the GPU cost's proxy where no GPU is at hand.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import merge
 
 MOVING_OPS = ("gather", "scatter", "index", "take", "masked_select", "put")
 SYNC_OPS = ("_local_scalar_dense", "item", "nonzero", "unique", "_assert_async")
@@ -75,9 +78,13 @@ class _Counting(TorchDispatchMode):
 
 def count_ops(fn: Callable[[], torch.Tensor]) -> tuple[OpCount, torch.Tensor]:
     """Run ``fn()`` once and count what it dispatched; returns (count, its result)."""
-    count = OpCount()
-    with _Counting(count):
-        out = fn()
+    count, device_paths = OpCount(), merge.GATHER_SOURCES_ON
+    merge.GATHER_SOURCES_ON = ()  # the GPU's code path
+    try:
+        with _Counting(count):
+            out = fn()
+    finally:
+        merge.GATHER_SOURCES_ON = device_paths
     return count, out
 
 
