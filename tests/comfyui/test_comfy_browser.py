@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -56,6 +57,23 @@ class DevTools:
         raise TimeoutError(expression)
 
 
+@contextlib.contextmanager
+def headless_chromium():
+    """Debian's chromium, headless, with a DevTools port and a fresh profile; yields (port, profile)."""
+    debug_port = free_port()
+    profile = tempfile.mkdtemp(prefix="tome-chromium-")
+    browser = subprocess.Popen(
+        [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
+         f"--remote-debugging-port={debug_port}", "--remote-allow-origins=*", f"--user-data-dir={profile}",
+         "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield debug_port, Path(profile)
+    finally:
+        browser.terminate()
+        browser.wait(30)
+        shutil.rmtree(profile, ignore_errors=True)
+
+
 READ_NODE = """(() => {
   const node = app.graph._nodes.find((n) => n.type === %s);
   const lines = [];
@@ -64,7 +82,8 @@ READ_NODE = """(() => {
 })()"""
 
 
-async def browse(url: str, debug_port: int, workflow: dict, node_type: str, screenshot: Path):
+async def browse(url: str, debug_port: int, workflow: dict, node_type: str, screenshot: Path, action=None):
+    """Open the frontend, load ``workflow``, run ``await action(tools)`` if given, read the ToMe node."""
     import aiohttp
 
     async with aiohttp.ClientSession() as session:
@@ -92,6 +111,8 @@ async def browse(url: str, debug_port: int, workflow: dict, node_type: str, scre
                              windowsVirtualKeyCode=27)  # close a template dialog the newer frontend opens
             await tools.call("Input.dispatchKeyEvent", type="keyUp", key="Escape", code="Escape",
                              windowsVirtualKeyCode=27)
+            if action is not None:
+                await action(tools)
             await tools.evaluate("app.canvas.draw(true, true)")
             state = await tools.evaluate(READ_NODE % json.dumps(node_type))
             shot = await tools.call("Page.captureScreenshot", format="png")
@@ -100,15 +121,17 @@ async def browse(url: str, debug_port: int, workflow: dict, node_type: str, scre
             return state, errors
 
 
+SPEED_CHECK = "speed check auto: levels are timed at the first step (shown here after the run)"
 EXPECTED = {
     "ToMe_SD15_basic": ("TomeCoreToMe", ["512x512, first attention level 1x (SDXL: 2x)",
                                           "1x 64x64: 4096 -> 2048 tokens (-50%)", "2x 32x32: 1024 tokens, unchanged",
-                                          "4x 16x16: 256 tokens, unchanged", "8x 8x8: 64 tokens, unchanged"]),
+                                          "4x 16x16: 256 tokens, unchanged", "8x 8x8: 64 tokens, unchanged",
+                                          SPEED_CHECK]),
     "ToMe_SD15_advanced": ("TomeCoreToMeAdvanced", ["768x768, first attention level 1x (SDXL: 2x)",
                                                      "1x 96x96: 9216 -> 3687 tokens (-60%)",
                                                      "2x 48x48: 2304 -> 922 tokens (-60%)",
                                                      "4x 24x24: 576 tokens, unchanged", "8x 12x12: 144 tokens, unchanged",
-                                                     "on from 0% to 80% of sampling"]),
+                                                     "on from 0% to 80% of sampling", SPEED_CHECK]),
 }
 
 
@@ -116,24 +139,57 @@ EXPECTED = {
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_extension_draws_token_counts_in_a_real_browser(comfy, name):
     node_type, expected_lines = EXPECTED[name]
-    debug_port = free_port()
-    profile = tempfile.mkdtemp(prefix="tome-chromium-")
-    browser = subprocess.Popen(
-        [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
-         f"--remote-debugging-port={debug_port}", "--remote-allow-origins=*", f"--user-data-dir={profile}",
-         "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     keep = os.environ.get("TOME_BROWSER_SCREENSHOT")
-    screenshot = Path(keep.replace(".png", f"_{name}.png")) if keep else Path(profile) / "screen.png"
-    try:
+    with headless_chromium() as (debug_port, profile):
+        screenshot = Path(keep.replace(".png", f"_{name}.png")) if keep else profile / "screen.png"
         workflow = json.loads((REPO / "example_workflows" / f"{name}.json").read_text())
         state, errors = asyncio.run(browse(comfy.url + "/", debug_port, workflow, node_type, screenshot))
-    finally:
-        browser.terminate()
-        browser.wait(30)
-        shutil.rmtree(profile, ignore_errors=True)
     ours = [e for e in errors if "/extensions/" in json.dumps(e)]  # the frontend's own noise is not ours
     assert ours == [], ours
     inputs = comfy.object_info(node_type)["input"]
     widget_names = [n for n in dict(inputs["required"], **inputs.get("optional", {})) if n != "model"]
     assert [w[0] for w in state["widgets"]] == widget_names  # no seed control widget added by the frontend
     assert state["lines"] == expected_lines
+
+
+def _api_prompt_for_the_advanced_example(checkpoint: str) -> dict:
+    """The advanced example's API graph, small enough for the CPU (64 px, 2 steps, the tests' checkpoint),
+    with ToMe's timings forced (test-only node 90) and its speed check on."""
+    prompt = json.loads((REPO / "example_workflows" / "api" / "ToMe_SD15_advanced.api.json").read_text())
+    tome_id = next(k for k, v in prompt.items() if v["class_type"] == "TomeCoreToMeAdvanced")
+    for node in prompt.values():
+        inputs = node["inputs"]
+        if node["class_type"] == "CheckpointLoaderSimple":
+            inputs["ckpt_name"] = checkpoint
+        elif node["class_type"] == "EmptyLatentImage":
+            inputs.update(width=64, height=64, batch_size=1)
+        elif node["class_type"] == "KSampler":
+            inputs["steps"] = 2
+    prompt["90"] = {"class_type": "TomeTestForceSpeedups",
+                    "inputs": {"model": prompt[tome_id]["inputs"]["model"], "speedups": "8x8=0.86"}}
+    prompt[tome_id]["inputs"].update(model=["90", 0], speed_check="on", min_tokens=0)
+    return prompt
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_the_speed_checks_verdict_appears_on_the_node_in_a_real_browser(comfy, checkpoint):
+    """A prompt queued for this browser's client id: the server sends the verdict during sampling
+    (nodes/ui_messages.py), the extension draws it on the node with that id."""
+    prompt = _api_prompt_for_the_advanced_example(checkpoint)
+
+    async def queue_and_wait(tools):
+        client_id = await tools.evaluate('import("/scripts/api.js").then((m) => m.api.clientId)')
+        status, raw = await asyncio.to_thread(comfy.request, "POST", "/prompt",
+                                              {"prompt": prompt, "client_id": client_id})
+        assert status == 200, raw
+        await tools.wait_for('(app.graph._nodes.find((n) => n.type === "TomeCoreToMeAdvanced").tomeLevels '
+                             '|| []).length > 0', seconds=300)
+
+    with headless_chromium() as (debug_port, profile):
+        workflow = json.loads((REPO / "example_workflows" / "ToMe_SD15_advanced.json").read_text())
+        state, errors = asyncio.run(browse(comfy.url + "/", debug_port, workflow, "TomeCoreToMeAdvanced",
+                                           profile / "screen.png", queue_and_wait))
+    assert [e for e in errors if "/extensions/" in json.dumps(e)] == []
+    # the example merges two levels (max_downsample 2); only level 1 (8x8 tokens here) is forced slower
+    assert state["lines"][-2:] == ["level 1 (8x8 tokens, 3 blocks) at 64x64 px: left whole: merging measured 0.86x on cpu",
+                                   "level 2 (4x4 tokens, 4 blocks) at 64x64 px: reduced: merging measured 1.40x on cpu"]
