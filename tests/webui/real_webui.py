@@ -78,7 +78,7 @@ ARG_DEFAULTS = {"enabled": True, "ratio": 0.5, "hr_ratio": 0.5, "max_downsample"
 
 
 def tome_args(**values: Any) -> List[Any]:
-    """All 16 script args: ToMe on at the defaults, plus ``values``."""
+    """All 18 script args: ToMe on at the defaults, plus ``values``."""
     unknown = set(values) - set(ARG_ORDER)
     if unknown:
         raise KeyError(f"unknown ToMe args {sorted(unknown)}")
