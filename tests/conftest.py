@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from tome_core.bench.models import build_unet, make_inputs
+from tome_bench.models import build_unet, make_inputs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tome_core.bench import methods
-from tome_core.bench.models import build_unet, make_inputs, peaked_attention, unet_config
+from tome_bench import methods
+from tome_bench.models import build_unet, make_inputs, peaked_attention, unet_config
 
 REPO = Path(__file__).resolve().parents[1]
 FAMILIES = ("sd15", "sd2", "sdxl")
@@ -85,7 +85,7 @@ def test_cli_tiny_writes_json_and_chart(tmp_path):
 
 def test_entry_points(capsys):
     from tome_core.__main__ import main
-    from tome_core.bench.cli import main as console_main  # tome-bench
+    from tome_bench.cli import main as console_main  # tome-bench
 
     assert main([]) == 2 and "bench " in capsys.readouterr().err
     assert main(["nope"]) == 2 and "unknown command 'nope'" in capsys.readouterr().err
@@ -103,11 +103,39 @@ def test_entry_points(capsys):
 
 
 def test_module_help_in_a_subprocess():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "tome_core", *a], cwd=REPO,
-                                    capture_output=True, text=True, timeout=120)
-    assert run("--help").returncode == 0 and "bench" in run("--help").stdout
-    bare = run()
+    run = lambda *a: subprocess.run([sys.executable, "-m", *a], cwd=REPO, capture_output=True, text=True,
+                                    timeout=120)
+    assert run("tome_core", "--help").returncode == 0 and "bench" in run("tome_core", "--help").stdout
+    bare = run("tome_core")
     assert bare.returncode == 2 and "python -m tome_core bench --help" in bare.stderr
+    own = run("tome_bench", "--help")  # the benchmark package's own entry, the same command
+    assert own.returncode == 0 and "usage: python -m tome_core bench" in own.stdout
+
+
+def test_the_runtime_never_imports_the_benchmark():
+    """tome_bench is the lab beside the engine: importing the engine and every host's glue loads none of it."""
+    code = ("import sys, tome_core, tome_core.patch, tome_core.model_patcher, tome_core.dit.comfy_dit, "
+            "tome_core.dit.diffusers_dit, tome_webui.runner; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tome_bench'))")
+    shown = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert shown.stdout.strip() == "[]"
+
+
+def test_experiments_are_modules_that_run_only_when_asked():
+    """The measurements the README cites (tome_bench/experiments): importing one runs nothing."""
+    import importlib
+    import pkgutil
+
+    import tome_bench.experiments as experiments
+
+    names = sorted(m.name for m in pkgutil.iter_modules(experiments.__path__))
+    assert names == ["kv_vs_tomesd_seeds", "ltx2_audio_keys", "ltx2_ffn_merge", "math_attention_memory"]
+    for name in names:
+        module = importlib.import_module(f"tome_bench.experiments.{name}")
+        assert callable(module.main) and f"python -m tome_bench.experiments.{name}" in module.__doc__
+        assert name in experiments.__doc__
+    assert not list((REPO / "docs" / "results").glob("*.py"))  # docs/results keeps only results
 
 
 @pytest.mark.parametrize("args, message", [
@@ -152,7 +180,7 @@ def test_bad_input_in_a_real_process():
 
 def test_cuda_checks_on_a_cuda_torch(monkeypatch):
     """cuda:N that does not exist and bf16 on a GPU without it (torch.cuda faked: no GPU here)."""
-    from tome_core.bench.device import check_device
+    from tome_bench.device import check_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -164,8 +192,8 @@ def test_cuda_checks_on_a_cuda_torch(monkeypatch):
 
 
 def test_sdpa_kernel_names_from_profiler_events():
-    from tome_core.bench.device import NO_SDPA, kernels_used
-    from tome_core.bench.measure import warm_up
+    from tome_bench.device import NO_SDPA, kernels_used
+    from tome_bench.measure import warm_up
 
     assert kernels_used(["aten::_scaled_dot_product_flash_attention", "aten::mm"]) == "flash"
     assert kernels_used(["aten::_scaled_dot_product_efficient_attention",
@@ -182,12 +210,12 @@ def test_sdpa_kernel_names_from_profiler_events():
 
 
 def _ratio(median, half, n=5):
-    from tome_core.bench.stats import Ratio
+    from tome_bench.stats import Ratio
     return Ratio(median, median - half, median + half, n)
 
 
 def test_paired_ratios_cancel_load_that_drifts_between_rounds():
-    from tome_core.bench.stats import paired_speedups, ratio_stats
+    from tome_bench.stats import paired_speedups, ratio_stats
 
     # the machine gets 3x busier over the run; the method is 1.5x faster in every round
     vanilla = [1.0, 2.0, 3.0, 1.5, 2.5]
@@ -200,7 +228,7 @@ def test_paired_ratios_cancel_load_that_drifts_between_rounds():
 
 
 def test_noise_band_narrows_with_rounds_and_uses_the_mad():
-    from tome_core.bench.stats import ratio_stats, t_quantile
+    from tome_bench.stats import ratio_stats, t_quantile
 
     few = ratio_stats([1.2, 1.4, 1.3])
     many = ratio_stats([1.2, 1.4, 1.3] * 4)
@@ -215,7 +243,7 @@ def test_noise_band_narrows_with_rounds_and_uses_the_mad():
 
 
 def test_ranking_separated_methods_get_ranks():
-    from tome_core.bench.stats import ranking, unsettled, vanilla_ratio
+    from tome_bench.stats import ranking, unsettled, vanilla_ratio
 
     ratios = {"vanilla": vanilla_ratio(5), "merge": _ratio(1.4, 0.05), "kv": _ratio(1.7, 0.05),
               "tomesd": _ratio(1.2, 0.05)}
@@ -224,7 +252,7 @@ def test_ranking_separated_methods_get_ranks():
 
 
 def test_band_crossing_one_is_too_noisy_to_rank_against_vanilla():
-    from tome_core.bench.stats import ranking, unsettled, vanilla_ratio
+    from tome_bench.stats import ranking, unsettled, vanilla_ratio
 
     # overlapping bands share their places (was 'too noisy to rank' beside a numbered rank)
     ratios = {"vanilla": vanilla_ratio(4), "merge": _ratio(1.05, 0.1), "kv": _ratio(1.6, 0.05)}
@@ -233,7 +261,7 @@ def test_band_crossing_one_is_too_noisy_to_rank_against_vanilla():
 
 
 def test_spread_large_against_the_differences_is_too_noisy_and_chains():
-    from tome_core.bench.stats import ranking, unsettled, vanilla_ratio
+    from tome_bench.stats import ranking, unsettled, vanilla_ratio
 
     # merge and tomesd differ by 0.04 but each band is +-0.1: no order between them; kv's band
     # touches tomesd's, so the tier chains to it; places count methods (was: vanilla "2")
@@ -246,7 +274,7 @@ def test_spread_large_against_the_differences_is_too_noisy_and_chains():
 
 
 def test_one_round_is_never_ranked():
-    from tome_core.bench.stats import ONE_ROUND, ranking, summarize
+    from tome_bench.stats import ONE_ROUND, ranking, summarize
 
     ratios = summarize({"vanilla": [2.0], "merge": [1.0]})
     assert ratios["merge"].median == 2.0 and set(ranking(ratios).values()) == {ONE_ROUND}
@@ -257,8 +285,8 @@ def test_more_rounds_while_rounds_disagree_up_to_the_cap(monkeypatch):
     a method indistinguishable from vanilla runs to the cap and ends 'too noisy to rank'."""
     import contextlib
 
-    from tome_core.bench import runner
-    from tome_core.bench.methods import Variant
+    from tome_bench import runner
+    from tome_bench.methods import Variant
 
     def fake_run(times: dict[str, list[float]]):
         current = []
@@ -367,7 +395,7 @@ def test_missing_diffusers_names_the_install(monkeypatch):
 
 
 def test_peak_memory_counts_tensor_allocations_during_the_call():
-    from tome_core.bench.measure import peak_memory
+    from tome_bench.measure import peak_memory
 
     kept = torch.ones(1024, 1024)  # live before the call: not counted
 
@@ -383,7 +411,7 @@ def test_peak_memory_counts_tensor_allocations_during_the_call():
 
 
 def test_variant_specs_set_ratio_and_cell():
-    from tome_core.bench.methods import Variant
+    from tome_bench.methods import Variant
 
     assert Variant.parse("kv", (0.5, 0.75)) == [Variant("kv", 0.5), Variant("kv", 0.75)]
     assert Variant.parse("kv@0.88:3x3", (0.5,)) == [Variant("kv", 0.88, (3, 3))]
@@ -401,7 +429,7 @@ def test_variant_specs_set_ratio_and_cell():
 def test_math_attention_shows_the_memory_saving_of_fewer_tokens():
     """With attention that materialises N x N scores, fewer tokens means a lower peak (the published
     ToMe memory figures); the default (flash) backend never builds the scores."""
-    from tome_core.bench.runner import BenchConfig, run_benchmark
+    from tome_bench.runner import BenchConfig, run_benchmark
 
     def peaks(attention):
         cfg = BenchConfig(families=("sd15",), resolutions=((256, 256),), scale="tiny", dtype="fp32",
@@ -423,9 +451,9 @@ def test_compile_a_patched_tiny_unet():
     tiny SD1.5 at 64 px, fp32. One variant only: inductor's C++ compilation of even the tiny UNet
     took ~13 min for one variant on the 2 shared, busy cores where this was written."""
     pytest.importorskip("diffusers")
-    from tome_core.bench import measure
-    from tome_core.bench.methods import Variant, patched
-    from tome_core.bench.runner import BenchConfig, _compile_variant, case_inputs
+    from tome_bench import measure
+    from tome_bench.methods import Variant, patched
+    from tome_bench.runner import BenchConfig, _compile_variant, case_inputs
 
     cfg = BenchConfig(families=("sd15",), resolutions=((64, 64),), scale="tiny", dtype="fp32",
                       methods=("vanilla", "kv"), repeats=2, compile=True)
@@ -445,7 +473,7 @@ def test_compile_a_patched_tiny_unet():
 
 
 def test_table_with_compiled_rows_and_a_compile_failure():
-    from tome_core.bench.report import format_markdown, format_table
+    from tome_bench.report import format_markdown, format_table
 
     base = dict(family="sd15", width=512, height=512, method="kv", ratio=0.5, label="kv r=0.5")
     rows = [dict(base, compiled=False, time_s=1.0, speedup=1.5, speedup_low=1.4,
@@ -466,7 +494,7 @@ def test_op_counts_show_what_each_patch_adds_along_the_gpus_code_path():
     """--ops: the ATen ops and gathered/scattered MiB each patch adds to one forward, counted along the
     GPU's matching (every token scored) on any device, and the step's first forward counted apart."""
     from tome_core import merge
-    from tome_core.bench.runner import BenchConfig, run_benchmark
+    from tome_bench.runner import BenchConfig, run_benchmark
 
     cfg = BenchConfig(families=("sd15",), resolutions=((64, 64),), scale="tiny", dtype="fp32", repeats=1,
                       methods=("vanilla", "merge", "merge-level", "kv"), peaked=1.0, ops=True)
@@ -483,7 +511,7 @@ def test_op_counts_show_what_each_patch_adds_along_the_gpus_code_path():
 
 
 def test_presets_and_gpu_suite_configs():
-    from tome_core.bench.cli import _configs, build_parser
+    from tome_bench.cli import _configs, build_parser
 
     def configs(*argv):
         return _configs(build_parser().parse_args(list(argv)))
@@ -502,13 +530,13 @@ def test_presets_and_gpu_suite_configs():
     assert "merge-auto" in suite[0].methods and suite[2].methods == ("vanilla", "merge", "merge-level", "kv@0.75")
     assert [c.families for c in configs("--gpu-suite", "--families", "sdxl", "--device", "cpu",
                                         "--dtype", "bf16")] == [("sdxl",)]
-    from tome_core.bench.cli import _profiled
+    from tome_bench.cli import _profiled
     assert _profiled(build_parser().parse_args(["--gpu-suite"])) == [True, True, False]
 
 
 def test_clock_estimates_from_measured_forwards():
-    from tome_core.bench.methods import Variant
-    from tome_core.bench.runner import BenchConfig, Clock
+    from tome_bench.methods import Variant
+    from tome_bench.runner import BenchConfig, Clock
 
     cfg = BenchConfig(resolutions=((512, 512), (1024, 1024)), repeats=2, max_repeats=4)
     clock = Clock(cfg, 2, lambda _: None)
@@ -533,9 +561,9 @@ def test_compiled_patched_unet_over_a_sampling_loop(mode):
 
     import torch._dynamo
 
-    from tome_core.bench import measure
-    from tome_core.bench.methods import Variant, patched
-    from tome_core.bench.runner import BenchConfig, case_inputs
+    from tome_bench import measure
+    from tome_bench.methods import Variant, patched
+    from tome_bench.runner import BenchConfig, case_inputs
 
     cfg = BenchConfig(families=("sd15",), resolutions=((64, 64),), scale="tiny", dtype="fp32",
                       methods=("vanilla", mode), repeats=1, compile=True)
@@ -563,7 +591,7 @@ def test_compiled_patched_unet_over_a_sampling_loop(mode):
 # --- DiT families (flux, sd3, wan): vanilla vs mode kv ---------------------------------------------
 
 def test_dit_families_and_options_parse():
-    from tome_core.bench.cli import _configs, build_parser
+    from tome_bench.cli import _configs, build_parser
 
     def config(*argv):
         (cfg,) = _configs(build_parser().parse_args(list(argv)))
@@ -588,7 +616,7 @@ def test_dit_families_and_options_parse():
 def test_dit_full_configs_and_token_counts():
     """The released widths (no model built: a full-width block is too slow for a test) and the tokens
     the issue's sizes give: Flux 1024/2048 -> 4096/16384 + 512, Wan 832x480x33f -> 14040 + 512."""
-    from tome_core.bench.dit_models import dit_config, token_counts
+    from tome_bench.dit_models import dit_config, token_counts
 
     assert dit_config("flux", 1)[1]["num_attention_heads"] * dit_config("flux", 1)[1]["attention_head_dim"] == 3072
     assert (dit_config("flux", 3)[1]["num_layers"], dit_config("flux", 3)[1]["num_single_layers"]) == (3, 6)
@@ -605,7 +633,7 @@ def _logit_spread(model, inputs):
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
 
-    from tome_core.bench.dit_models import forward
+    from tome_bench.dit_models import forward
 
     class Spy(TorchFunctionMode):
         std = None
@@ -629,7 +657,7 @@ def test_dit_peaked_scales_the_qk_norms_and_restores(family):
     would change nothing: peaked scales the q/k norm weights. Unpeaked logits spread as in the UNet
     bench's seeded UNets (std ~0.33), peaked 3 by 9x; the weights come back bit-identical."""
     pytest.importorskip("diffusers")
-    from tome_core.bench.dit_models import build_dit, make_dit_inputs, peaked_attention
+    from tome_bench.dit_models import build_dit, make_dit_inputs, peaked_attention
 
     model = build_dit(family, 1, seed=0, scale="tiny")
     inputs = make_dit_inputs(model, family, 2, 128, 128, frames=5, text_tokens=16)
@@ -700,10 +728,10 @@ def test_dit_bench_variant_with_a_block_range_reduces_only_those_blocks(tmp_path
 
 
 def test_dit_block_ranges_report_the_error_of_exactly_the_blocks_reduced():
-    """tome_core.bench.dit_blocks on a tiny Flux (2 double + 4 single blocks): each range reduces the
+    """tome_bench.dit_blocks on a tiny Flux (2 double + 4 single blocks): each range reduces the
     blocks whose centre it holds, a reduced range has a non-zero error, all blocks the largest error."""
     pytest.importorskip("diffusers")
-    from tome_core.bench.dit_blocks import format_rows, range_errors
+    from tome_bench.dit_blocks import format_rows, range_errors
 
     rows = range_errors("flux", 2, ratio=0.75, peaked=3.0, dtype=torch.float32, scale="tiny", size=(64, 64, 1))
     reduced = {(row["block_start"], row["block_end"]): row["blocks_reduced"] for row in rows}
@@ -721,7 +749,7 @@ def test_dit_block_ranges_report_the_error_of_exactly_the_blocks_reduced():
     (["--families", "pixart"], "families must be among flux, sd3, wan"),
 ])
 def test_dit_blocks_cli_refuses_bad_arguments_with_one_line(capsys, argv, message):
-    from tome_core.bench.dit_blocks import main
+    from tome_bench.dit_blocks import main
 
     assert main(argv) == 2
     assert message in capsys.readouterr().err

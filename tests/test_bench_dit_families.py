@@ -1,4 +1,4 @@
-"""The benchmark's Z-Image, Qwen-Image and LTX-2 families (tome_core.bench.dit_models / dit_runner / dit_blocks):
+"""The benchmark's Z-Image, Qwen-Image and LTX-2 families (tome_bench.dit_models / dit_runner / dit_blocks):
 the full configurations are the released ones with fewer blocks, the token counts at the native sizes, the
 peaked-attention proxy, and vanilla vs kv end to end through the runner and dit_blocks on tiny-width models
 (the full width takes minutes). No timing assertions: benchmarks are measured, not tested."""
@@ -15,8 +15,8 @@ from torch.overrides import TorchFunctionMode
 
 diffusers = pytest.importorskip("diffusers")
 
-from tome_core.bench import dit_models  # noqa: E402
-from tome_core.bench.dit_models import build_dit, dit_config, make_dit_inputs, peaked_attention  # noqa: E402
+from tome_bench import dit_models  # noqa: E402
+from tome_bench.dit_models import build_dit, dit_config, make_dit_inputs, peaked_attention  # noqa: E402
 
 NEW = ("zimage", "qwen", "ltx2")
 
@@ -55,7 +55,7 @@ def test_zimage_keeps_its_refiners_in_the_released_proportion():
 def test_token_counts_at_the_native_sizes():
     """Z-Image 1024^2 and Qwen-Image 1328^2 (latent / 8 in 2x2 patches), LTX-2 768x512 x 121 frames (latent
     / 32 spatially, / 8 in time: 16 x 16 x 24), and the 2048^2-class sizes of the issue's targets."""
-    from tome_core.bench.dit_runner import DEFAULT_SIZES
+    from tome_bench.dit_runner import DEFAULT_SIZES
 
     assert {f: DEFAULT_SIZES[f] for f in NEW} == {"zimage": (1024, 1024), "qwen": (1328, 1328), "ltx2": (768, 512)}
     token_counts = dit_models.token_counts
@@ -149,7 +149,7 @@ def test_tiny_run_end_to_end_through_the_runner(family):
     chart around it are test_bench's flux case): two interleaved rounds per variant, the tokens, the batch
     and what the guided error compares (Z-Image-Turbo distilled, batch 1; Qwen-Image and LTX-2 a CFG
     pair), errors only where kv ran."""
-    from tome_core.bench.runner import BenchConfig, run_benchmark
+    from tome_bench.runner import BenchConfig, run_benchmark
 
     cfg = BenchConfig(families=(family,), resolutions=((64, 64),), ratios=(0.5, 0.75), repeats=2, scale="tiny",
                       blocks=1, frames=17 if family == "ltx2" else 33)
@@ -190,7 +190,7 @@ def test_bad_ltx2_and_frames_input_is_refused(argv, message, capsys):
 
 
 def test_defaults_parse_for_the_new_families():
-    from tome_core.bench.cli import _configs, build_parser
+    from tome_bench.cli import _configs, build_parser
 
     (cfg,) = _configs(build_parser().parse_args(["--families", "zimage,qwen,ltx2", "--frames", "121"]))
     assert cfg.dit and cfg.methods == ("vanilla", "kv") and cfg.frames == 121
@@ -199,9 +199,9 @@ def test_defaults_parse_for_the_new_families():
 
 
 def test_dit_blocks_runs_on_tiny_configs(tmp_path, capsys):
-    """python -m tome_core.bench.dit_blocks on the tiny width: every range reduces the blocks whose centre it
+    """python -m tome_bench.dit_blocks on the tiny width: every range reduces the blocks whose centre it
     holds, each reduced range has an error, err / block is the error over the blocks reduced, JSON written."""
-    from tome_core.bench.dit_blocks import main
+    from tome_bench.dit_blocks import main
 
     path = tmp_path / "ranges.json"
     assert main(["--families", ",".join(NEW), "--tiny", "--blocks", "2", "--size", "128x128x9", "--dtype", "fp32",

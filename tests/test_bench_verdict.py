@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from tome_core.bench import stats
-from tome_core.bench.stats import BUSY, ONE_ROUND, TOO_NOISY, compare, ranking, summarize, unsettled
+from tome_bench import stats
+from tome_bench.stats import BUSY, ONE_ROUND, TOO_NOISY, compare, ranking, summarize, unsettled
 
 QUIET = [1.000, 1.004, 0.998, 1.002, 1.001]  # vanilla's rounds on an idle machine
 
@@ -146,8 +146,8 @@ def test_ranks_are_places_and_ties_share_them():
 
 def _fake_measure(monkeypatch, times, waits=None, repeats=2, max_repeats=5):
     """runner._measure on synthetic timings (and CPU-wait readings) instead of forwards."""
-    from tome_core.bench import runner
-    from tome_core.bench.methods import Variant
+    from tome_bench import runner
+    from tome_bench.methods import Variant
 
     current, clock_s = [], [0.0]
 
@@ -201,7 +201,7 @@ def test_runner_records_cpu_wait_per_round_and_it_reaches_the_verdict(monkeypatc
 
 
 def test_cpu_wait_sums_the_threads_schedstat(tmp_path, monkeypatch):
-    from tome_core.bench import measure
+    from tome_bench import measure
 
     for tid, line in (("11", "500 2000000000 7"), ("12", "9 500000000 1"), ("13", "garbage")):
         (tmp_path / tid).mkdir()
@@ -215,8 +215,8 @@ def test_cpu_wait_sums_the_threads_schedstat(tmp_path, monkeypatch):
 
 
 def test_table_and_busy_line_show_the_refusal():
-    from tome_core.bench.cli import busy_line
-    from tome_core.bench.report import format_table
+    from tome_bench.cli import busy_line
+    from tome_bench.report import format_table
 
     base = dict(family="sd15", width=512, height=512, compiled=False, time_s=1.0)
     rows = [dict(base, method="vanilla", ratio=0.0, label="vanilla", speedup=1.0, speedup_low=1.0,
@@ -235,7 +235,7 @@ def test_chart_draws_the_band_as_error_bars(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
     from matplotlib.container import ErrorbarContainer
 
-    from tome_core.bench.report import write_chart
+    from tome_bench.report import write_chart
 
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)
@@ -262,7 +262,7 @@ def test_missing_matplotlib_is_one_line_and_exit_0(tmp_path, monkeypatch, capsys
     """The CLI end to end around a synthetic run (the rounds are tested above): a missing
     matplotlib is said before the run and in one line at its end; the results are kept; exit 0."""
     pytest.importorskip("diffusers")
-    from tome_core.bench import cli, report, runner
+    from tome_bench import cli, report, runner
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     line = report.chart_missing()
@@ -288,7 +288,7 @@ def test_missing_matplotlib_is_one_line_and_exit_0(tmp_path, monkeypatch, capsys
 
 def test_help_describes_the_package_and_never_the_projects_issues(capsys):
     from tome_core.__main__ import main
-    from tome_core.bench.cli import build_parser
+    from tome_bench.cli import build_parser
 
     assert main(["--help"]) == 0
     text = capsys.readouterr().out
@@ -305,7 +305,7 @@ def test_kinds_of_model_plug_into_one_runner_without_an_import_cycle(monkeypatch
     import ast
     from pathlib import Path
 
-    from tome_core.bench import family, runner
+    from tome_bench import family, runner
 
     bench = Path(runner.__file__).parent
     for name in ("dit_runner", "unet_family", "family", "measure", "stats", "methods"):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tome_core
-from tome_core.bench.models import build_unet, make_inputs
+from tome_bench.models import build_unet, make_inputs
 
 from conftest import hook_count, relative_error
 

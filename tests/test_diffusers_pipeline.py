@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tome_core
-from tome_core.bench.models import build_unet
+from tome_bench.models import build_unet
 
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")

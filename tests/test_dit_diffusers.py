@@ -278,7 +278,7 @@ def test_block_range_reduces_exactly_the_blocks_in_it(family, start, end, reduce
 ])
 def test_the_default_block_range_is_the_familys(family, reduced):
     """No block_start: Flux reduces its single blocks only (the lowest error per unit of speed-up, measured
-    with tome_core.bench.dit_blocks), the other families every block; block_start=0 reduces every block."""
+    with tome_bench.dit_blocks), the other families every block; block_start=0 reduces every block."""
     model, inputs, _ = FAMILIES[family]()
     _, vanilla = spied(model, inputs)
     apply_patch(model, ratio=0.5, mode="kv")

@@ -12,7 +12,7 @@ import torch
 import tomesd
 
 import tome_core
-from tome_core.bench.models import build_unet, make_inputs
+from tome_bench.models import build_unet, make_inputs
 
 from conftest import REPO_ROOT, hook_count, relative_error, unet_output
 
@@ -160,7 +160,7 @@ def test_same_seed_same_output_across_processes(sd15_unet, sd15_inputs, tmp_path
     script = textwrap.dedent(
         f"""
         import torch, tome_core
-        from tome_core.bench.models import build_unet, make_inputs
+        from tome_bench.models import build_unet, make_inputs
         torch.manual_seed(12345)  # a different global RNG state must not matter
         unet = build_unet("sd15", "tiny", seed=0)
         sample, t, ctx, added = make_inputs(unet, "sd15", batch=2, height_px=256, width_px=256, seed=1)

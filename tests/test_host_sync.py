@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tome_core
 from tome_core import ToMeConfig
-from tome_core.bench.models import build_unet, make_inputs
+from tome_bench.models import build_unet, make_inputs
 from tome_core.model_patcher import SigmaWindow, make_patches
 
 _SYNC_OPS = {"_local_scalar_dense", "nonzero", "nonzero_static", "bincount", "unique", "_unique", "_unique2",

@@ -47,9 +47,10 @@ def _run(cmd: list, cwd: Path, timeout: float = 120) -> subprocess.CompletedProc
 
 
 def _source_modules() -> set[str]:
-    """Every module file of tome_core in the checkout, as a path relative to the repository."""
-    return {p.relative_to(REPO).as_posix() for p in (REPO / "tome_core").rglob("*.py")
-            if "__pycache__" not in p.parts}
+    """Every module file of tome_core (the engine and its host glue) and tome_bench (the benchmark) in the
+    checkout, as a path relative to the repository."""
+    return {p.relative_to(REPO).as_posix() for package in ("tome_core", "tome_bench")
+            for p in (REPO / package).rglob("*.py") if "__pycache__" not in p.parts}
 
 
 @pytest.fixture(scope="module")
@@ -132,14 +133,14 @@ def test_runtime_requirements_never_name_torch():
     assert not [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
-def test_wheel_holds_tome_core_and_its_metadata(dists):
+def test_wheel_holds_tome_core_tome_bench_and_their_metadata(dists):
     with zipfile.ZipFile(dists["wheel"]) as wheel:
         names = set(wheel.namelist())
         metadata = wheel.read(f"{STEM}.dist-info/METADATA").decode()
         entry_points = wheel.read(f"{STEM}.dist-info/entry_points.txt").decode()
     modules = {n for n in names if not n.startswith(f"{STEM}.dist-info/")}
     assert modules == _source_modules()  # every module, subpackages included, and nothing else
-    assert {"tome_core/bench/cli.py", "tome_core/dit/kv.py"} <= modules
+    assert {"tome_bench/cli.py", "tome_core/dit/kv.py"} <= modules
     assert f"{STEM}.dist-info/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith(("tests/", ".venv", "nodes/", "scripts/", "web/"))]
     header = dict(line.split(": ", 1) for line in metadata.split("\n\n", 1)[0].splitlines())
@@ -148,7 +149,7 @@ def test_wheel_holds_tome_core_and_its_metadata(dists):
     unconditional = [line for line in metadata.splitlines()
                      if line.startswith("Requires-Dist:") and "extra ==" not in line]
     assert unconditional == []  # torch in particular: never pulled in by installing this
-    assert "tome-bench = tome_core.bench.cli:main" in entry_points
+    assert "tome-bench = tome_bench.cli:main" in entry_points
 
 
 def test_sdist_holds_the_source_and_no_environment(dists):

@@ -12,7 +12,7 @@ import torch
 import tome_core
 from tome_core import plan as plan_module
 from tome_core import speed_check
-from tome_core.bench.models import build_unet, make_inputs
+from tome_bench.models import build_unet, make_inputs
 from tome_core.levels import Level, attention_levels
 
 

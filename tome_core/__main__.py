@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     """Dispatch ``bench``; print the overview for --help (exit 0) or no/unknown command (exit 2)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "bench":
-        from tome_core.bench.cli import main as bench_main
+        from tome_bench.cli import main as bench_main  # the benchmark package (same distribution)
 
         return bench_main(argv[1:])
     if argv and argv[0] in ("-h", "--help", "help"):

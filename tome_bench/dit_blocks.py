@@ -1,8 +1,8 @@
 """Which blocks of a DiT tolerate mode "kv" best: the peaked-attention error of each block range.
 
-    python -m tome_core.bench.dit_blocks --families flux,sd3,wan --blocks 4
-    python -m tome_core.bench.dit_blocks --families zimage,qwen,ltx2 --blocks 4
-    python -m tome_core.bench.dit_blocks --families flux --blocks 2 --size 1024x1024 --ratio 0.5,0.75 \
+    python -m tome_bench.dit_blocks --families flux,sd3,wan --blocks 4
+    python -m tome_bench.dit_blocks --families zimage,qwen,ltx2 --blocks 4
+    python -m tome_bench.dit_blocks --families flux --blocks 2 --size 1024x1024 --ratio 0.5,0.75 \
         --ranges 0-1,0.34-1 --seeds 0,1,2
 
 For each family (the real architecture at full width, ``--blocks`` blocks of each kind, seeded
@@ -24,9 +24,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..config import ToMeConfig
-from ..dit import diffusers_dit
-from ..dit.families import family_of
+from tome_core.config import ToMeConfig
+from tome_core.dit import diffusers_dit
+from tome_core.dit.families import family_of
 from . import dit_models
 
 RANGES: Tuple[Tuple[float, float], ...] = ((0.0, 1.0), (0.0, 0.5), (0.5, 1.0), (0.0, 1 / 3), (1 / 3, 2 / 3),
@@ -95,7 +95,7 @@ def _size(text: str) -> Tuple[int, int, int]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tome_core.bench.dit_blocks", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tome_bench.dit_blocks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", default="flux,sd3,wan", help=f"comma list of {', '.join(SIZES)}")
     parser.add_argument("--blocks", type=int, default=4, help="blocks of each kind (Flux: N double + 2N single; "

@@ -4,7 +4,7 @@
 ("full") or a reduced-channel copy that keeps the level layout and where attention sits
 ("tiny", for CI). ``make_inputs`` gives matching UNet inputs.
 
-diffusers is imported lazily: ``import tome_core.bench`` works without it.
+diffusers is imported lazily: ``import tome_bench`` works without it.
 """
 from __future__ import annotations
 

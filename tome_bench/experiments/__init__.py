@@ -1,0 +1,18 @@
+"""Named, reproducible measurements behind figures the README quotes, beyond the benchmark's table.
+
+Each is a module run as ``python -m tome_bench.experiments.<name>`` from the repository root (results go
+to ``docs/results/<name>.json`` there, else to the current folder):
+
+- ``kv_vs_tomesd_seeds``: kv 3x3 (r=0.88) against tomesd (r=0.5) over ToMe's own random choices, SD1.5.
+- ``math_attention_memory``: peak memory under PyTorch's math attention where vanilla does not fit.
+- ``ltx2_audio_keys``: whether cutting LTX-2's video-to-audio keys is sound (it is not).
+- ``ltx2_ffn_merge``: merging LTX-2's video tokens before the feed-forward against a higher kv ratio.
+"""
+from pathlib import Path
+
+RESULTS = Path("docs") / "results"
+
+
+def results_path(name: str) -> Path:
+    """Where an experiment writes ``name``: docs/results when run from the repository, else here."""
+    return RESULTS / name if RESULTS.is_dir() else Path(name)
