@@ -18,9 +18,9 @@ from .fused_kv import add_kv_projection
 from .host_caches import Guarded, refuse_caches_inside
 from .levels import attention_base_downsample, attention_levels, transformer_blocks
 from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
+from .schedule import UNET_TIMESTEPS, timestep_value
 
 STATE_ATTR = "_tome_core"
-_TRAIN_TIMESTEPS = 1000  # SD1.x/SD2.x/SDXL are all trained on 1000 DDPM timesteps
 _HIDDEN_NAMES = ("hidden_states", "x")
 
 
@@ -68,14 +68,8 @@ class PatchState:
 
 def step_of(timestep: Any) -> Tuple[float, Optional[float]]:
     """(step_key, progress) from a UNet's timestep argument; progress 0 = first, noisiest step."""
-    if timestep is None:
-        return 0.0, None
-    if isinstance(timestep, torch.Tensor):
-        if timestep.numel() == 0:
-            return 0.0, None
-        timestep = timestep.reshape(-1)[0].item()
-    key = float(timestep)
-    return key, min(max(1.0 - key / _TRAIN_TIMESTEPS, 0.0), 1.0)
+    key = timestep_value(timestep)
+    return (0.0, None) if key is None else (key, UNET_TIMESTEPS.progress(key))
 
 
 def compute_dtype(unet: torch.nn.Module, sample: torch.Tensor) -> torch.dtype:

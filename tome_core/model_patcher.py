@@ -27,6 +27,7 @@ import torch
 from .config import ToMeConfig, require_all_blocks
 from .levels import Level, attention_base_downsample, attention_levels
 from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
+from .schedule import SigmaWindow, sigma_value
 
 SUPPORTED_MODELS = "SD1.x, SD2.x and SDXL-family UNet models (SSD-1B, Playground v2, ...)"
 _REQUIRED_METHODS = ("clone", "set_model_attn1_patch", "set_model_attn1_output_patch")
@@ -34,21 +35,6 @@ _REQUIRED_METHODS = ("clone", "set_model_attn1_patch", "set_model_attn1_output_p
 
 class UnsupportedModelError(TypeError):
     """The model has no UNet transformer blocks ToMe can merge (e.g. a DiT such as Flux or SD3)."""
-
-
-@dataclass(frozen=True)
-class SigmaWindow:
-    """The part of the schedule where ToMe is on, as sigmas: active iff low <= sigma <= high.
-
-    Built from start/end percent with the model's own ``percent_to_sigma``, the way ComfyUI bounds
-    ControlNet and conditioning ranges, so "percent" means here what it means everywhere in ComfyUI.
-    """
-
-    high: float = float("inf")
-    low: float = 0.0
-
-    def contains(self, sigma: float) -> bool:
-        return self.low <= sigma <= self.high
 
 
 def _model_object(patcher: Any, name: str) -> Any:
@@ -103,20 +89,11 @@ def sigma_window(patcher: Any, config: ToMeConfig) -> SigmaWindow:
             f"ToMe: start_percent/end_percent need the model's model_sampling.percent_to_sigma, which the "
             f"{model_type_name(patcher)} model lacks; use start_percent=0 and end_percent=1."
         )
-    return SigmaWindow(high=float(to_sigma(config.start_percent)), low=float(to_sigma(config.end_percent)))
-
-
-def _step_sigma(sigmas: Any) -> Optional[float]:
-    """The largest sigma of the batch as a float; for a tensor this is a device-to-host sync."""
-    if sigmas is None:
-        return None
-    if isinstance(sigmas, torch.Tensor):
-        return float(sigmas.detach().max())
-    return float(max(sigmas)) if isinstance(sigmas, (list, tuple)) else float(sigmas)
+    return SigmaWindow.from_percents(config.start_percent, config.end_percent, to_sigma)
 
 
 class StepSigma:
-    """``_step_sigma`` read at most once per model call.
+    """``schedule.sigma_value`` read at most once per model call.
 
     ComfyUI passes the same ``sigmas`` tensor object (transformer_options["sigmas"], set once in
     ``BaseModel._apply_model``) to every block of one model call, so the float is memoised on that
@@ -131,7 +108,7 @@ class StepSigma:
     def __call__(self, extra_options: dict) -> Optional[float]:
         sigmas = extra_options.get("sigmas")
         if sigmas is not self._sigmas or sigmas is None:
-            self._sigmas, self._value = sigmas, _step_sigma(sigmas)
+            self._sigmas, self._value = sigmas, sigma_value(sigmas)
         return self._value
 
 
@@ -282,7 +259,7 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
 
     def step_key_of(sigmas: Any) -> Optional[float]:
         """The step's sigma where the window or a random partition depends on it, else None (no read)."""
-        return _step_sigma(sigmas) if windowed or merger.needs_step() else None
+        return sigma_value(sigmas) if windowed or merger.needs_step() else None
 
     def apply_model_wrapper(executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None,
                             control: Any = None, transformer_options: Optional[dict] = None, **kwargs: Any) -> Any:

@@ -436,10 +436,11 @@ def test_every_attention_backend_comfyui_can_select_gets_the_shortened_keys(comf
     from tome_core.dit.comfy_dit import CallPlan, DiTKVPatch
     from tome_core.dit.comfy_families import FAMILIES
     from tome_core.dit.grid import TokenLayout
+    from tome_core.schedule import SigmaWindow
 
     function = getattr(attention, backend)
     layout = TokenLayout((4, 5), prefix=3)
-    state = DiTKVPatch(ToMeConfig(ratio=0.5, mode="kv"), sigma_high=1.0, sigma_low=0.0, family=FAMILIES["flux"],
+    state = DiTKVPatch(ToMeConfig(ratio=0.5, mode="kv"), window=SigmaWindow(high=1.0, low=0.0), family=FAMILIES["flux"],
                        block_offsets={"double": 0})
     keep = state.keep_for(layout, 0.5, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)

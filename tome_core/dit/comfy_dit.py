@@ -17,6 +17,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..config import ToMeConfig
+from ..blocks import chosen_blocks
+from ..schedule import SigmaWindow, sigma_value
 from .comfy_families import ComfyFamily, base_model, block_offsets, default_start, family_of, grid_last, \
     supported_names, unreached
 from .comfy_layout import ambiguous_lengths, token_layout
@@ -92,18 +94,7 @@ def blocks_on(patcher_or_model: Any, config: ToMeConfig) -> Optional[Tuple[bool,
     Raises ValueError naming the model when the range holds none of its blocks.
     """
     model = _dit(patcher_or_model)
-    default = default_block_start(model)
-    if config.block_range(default) == (0.0, 1.0):
-        return None
-    count = block_count(model)
-    chosen = tuple(config.block_on(index, count, default) for index in range(count))
-    if not any(chosen):
-        start, end = config.block_range(default)
-        raise ValueError(
-            f"ToMe: block_start={start:g}..block_end={end:g} holds none of "
-            f"{type(model).__name__}'s {count} blocks (block i is in it iff its centre (i + 0.5) / {count} is); "
-            "widen the range.")
-    return chosen
+    return chosen_blocks(config, block_count(model), default_block_start(model), type(model).__name__)
 
 
 @dataclass(frozen=True)
@@ -129,11 +120,11 @@ class CallPlan:
 class DiTKVPatch(KVPatchState):
     """The state of one patched clone: config, sigma window, block choice and the per-step kept indices."""
 
-    def __init__(self, config: ToMeConfig, sigma_high: float, sigma_low: float, family: ComfyFamily,
+    def __init__(self, config: ToMeConfig, window: SigmaWindow, family: ComfyFamily,
                  blocks: Optional[Tuple[bool, ...]] = None, block_offsets: Optional[Dict[str, int]] = None,
                  image_only_attention: bool = False, grid_last: bool = False) -> None:
         super().__init__(config)
-        self.sigma_high, self.sigma_low = sigma_high, sigma_low
+        self.window = window
         self.family = family
         self.blocks_on = blocks
         self.block_offsets = block_offsets or {}
@@ -296,8 +287,8 @@ class DiTKVPatch(KVPatchState):
         if layout is None or not self.reducible(layout):
             return None
         # One host read per model call (not per block): the sigma drives the schedule and the seed.
-        sigma = float(t.detach().max()) if isinstance(t, torch.Tensor) else float(t)
-        if not self.sigma_low <= sigma <= self.sigma_high:
+        sigma = sigma_value(t)
+        if not self.window.contains(sigma):
             return None
         ambiguous = ambiguous_lengths(diffusion_model, context, extra)
         if layout.length in ambiguous:
@@ -334,8 +325,8 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
         raise RuntimeError("ToMe: this ComfyUI has no transformer_options['optimized_attention_override'] "
                            "(added in ComfyUI 0.3.6x); update ComfyUI to use ToMe on DiT models.")
     sampling = patcher.get_model_object("model_sampling")
-    high, low = float(sampling.percent_to_sigma(config.start_percent)), float(sampling.percent_to_sigma(config.end_percent))
-    state = DiTKVPatch(config, sigma_high=high, sigma_low=low, family=_family_entry(diffusion_model), blocks=chosen,
+    window = SigmaWindow.from_percents(config.start_percent, config.end_percent, sampling.percent_to_sigma)
+    state = DiTKVPatch(config, window=window, family=_family_entry(diffusion_model), blocks=chosen,
                        block_offsets=_block_offsets(diffusion_model)[0],
                        image_only_attention=has_image_only_attention(diffusion_model),
                        grid_last=grid_last(diffusion_model))

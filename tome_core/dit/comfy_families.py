@@ -15,6 +15,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
 
+from ..blocks import default_start as block_default_start
+
 
 @dataclass(frozen=True)
 class ComfyBlocks:
@@ -323,12 +325,8 @@ def block_offsets(diffusion_model: Any) -> Tuple[Dict[str, int], Dict[str, int]]
 
 
 def default_start(diffusion_model: Any) -> float:
-    """block_start when none is given: the share of the depth before the first default-reduced list."""
+    """block_start when none is given (``blocks.default_start`` over this model's block lists)."""
     entry = family_of(diffusion_model)
-    offsets, counts = block_offsets(diffusion_model)
-    total = sum(counts.values())
-    for blocks in entry.blocks if entry else ():
-        if blocks.default and counts[blocks.reported]:
-            before = offsets[blocks.reported]
-            return before / total if 0 < before < total else 0.0
-    return 0.0
+    counts = block_offsets(diffusion_model)[1]
+    lists = entry.blocks if entry else ()
+    return block_default_start([counts[blocks.reported] for blocks in lists], [blocks.default for blocks in lists])

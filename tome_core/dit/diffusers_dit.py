@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from ..blocks import chosen_blocks
 from ..config import ToMeConfig
+from ..schedule import timestep_value
 from ..hooks import not_compiled
 from .families import FAMILIES, KeyInputs, family_of, find_dit, supported_classes, unsupported_dit
 from .grid import TokenLayout
@@ -109,7 +111,7 @@ def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     spec = state.family.timestep
     timestep = kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)
     # One host read per model call (not per block): the step drives the schedule and the seed.
-    step = float(timestep.flatten()[0]) if isinstance(timestep, torch.Tensor) else float(timestep or 0.0)
+    step = timestep_value(timestep) or 0.0
     if not config.in_schedule(spec.progress(step)):
         return
     window = dit_window(config.ratio, layout.grid, config.sx, config.sy)
@@ -204,16 +206,10 @@ def in_block_range(model: torch.nn.Module, modules: List[Tuple[str, torch.nn.Mod
     Raises ValueError naming the model when the range holds none of its blocks.
     """
     order = list(dict.fromkeys(name.rsplit(".", 1)[0] for name, _, _ in modules))
-    default = family_of(model).default_start(model)
-    if config.block_range(default) == (0.0, 1.0):
+    on = chosen_blocks(config, len(order), family_of(model).default_start(model), type(model).__name__)
+    if on is None:
         return modules
-    chosen = {block for index, block in enumerate(order) if config.block_on(index, len(order), default)}
-    if not chosen:
-        start, end = config.block_range(default)
-        raise ValueError(
-            f"ToMe: block_start={start:g}..block_end={end:g} holds none of "
-            f"{type(model).__name__}'s {len(order)} blocks (block i is in it iff its centre (i + 0.5) / "
-            f"{len(order)} is); widen the range.")
+    chosen = {block for block, held in zip(order, on) if held}
     return [entry for entry in modules if entry[0].rsplit(".", 1)[0] in chosen]
 
 

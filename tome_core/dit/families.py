@@ -14,6 +14,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from ..blocks import default_start
+from ..schedule import TimestepScale
 from . import token_readers as readers
 from .grid import TokenLayout
 from .token_readers import Tokens
@@ -45,8 +47,7 @@ class Timestep:
     rising: bool = False
 
     def progress(self, value: float) -> float:
-        share = value / self.scale
-        return min(max(share if self.rising else 1.0 - share, 0.0), 1.0)
+        return TimestepScale(self.scale, self.rising).progress(value)
 
 
 @dataclass(frozen=True)
@@ -104,14 +105,9 @@ class Family:
         return found
 
     def default_start(self, model: torch.nn.Module) -> float:
-        """block_start when none is given: the share of the depth before the first default-reduced list."""
-        counts = [len(getattr(model, blocks.attr, None) or ()) for blocks in self.blocks]
-        total, before = sum(counts), 0
-        for blocks, count in zip(self.blocks, counts):
-            if blocks.default and count:
-                return before / total if 0 < before < total else 0.0
-            before += count
-        return 0.0
+        """block_start when none is given (``blocks.default_start`` over this model's block lists)."""
+        return default_start([len(getattr(model, blocks.attr, None) or ()) for blocks in self.blocks],
+                             [blocks.default for blocks in self.blocks])
 
     def layout(self, model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
         tokens = self.read(model, call)
