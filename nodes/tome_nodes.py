@@ -9,16 +9,16 @@ from typing import Any, Dict, Optional
 
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
-    from ..tome_core.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from ..tome_core.dit import dit_window
-    from ..tome_core.dit.comfy_dit import block_count, blocks_on, dit_family, patch_dit_model_patcher
-    from ..tome_core.model_patcher import base_downsample_of, merger_of, patch_model_patcher
+    from ..tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
+    from ..tome_core.engine.kv import dit_window
+    from ..tome_core.adapters.model_patcher.dit import block_count, blocks_on, dit_family, patch_dit_model_patcher
+    from ..tome_core.adapters.model_patcher.unet import base_downsample_of, merger_of, patch_model_patcher
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
-    from tome_core.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from tome_core.dit import dit_window
-    from tome_core.dit.comfy_dit import block_count, blocks_on, dit_family, patch_dit_model_patcher
-    from tome_core.model_patcher import base_downsample_of, merger_of, patch_model_patcher
+    from tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
+    from tome_core.engine.kv import dit_window
+    from tome_core.adapters.model_patcher.dit import block_count, blocks_on, dit_family, patch_dit_model_patcher
+    from tome_core.adapters.model_patcher.unet import base_downsample_of, merger_of, patch_model_patcher
 from .ui_messages import announce_levels
 
 CATEGORY = "model_patches/unet"

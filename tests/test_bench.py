@@ -114,8 +114,8 @@ def test_module_help_in_a_subprocess():
 
 def test_the_runtime_never_imports_the_benchmark():
     """tome_bench is the lab beside the engine: importing the engine and every host's glue loads none of it."""
-    code = ("import sys, tome_core, tome_core.patch, tome_core.model_patcher, tome_core.dit.comfy_dit, "
-            "tome_core.dit.diffusers_dit, tome_webui.runner; "
+    code = ("import sys, tome_core, tome_core.adapters.hooks.api, tome_core.adapters.model_patcher.unet, tome_core.adapters.model_patcher.dit, "
+            "tome_core.adapters.hooks.dit, tome_webui.runner; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tome_bench'))")
     shown = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr[-2000:]
@@ -493,7 +493,7 @@ def test_table_with_compiled_rows_and_a_compile_failure():
 def test_op_counts_show_what_each_patch_adds_along_the_gpus_code_path():
     """--ops: the ATen ops and gathered/scattered MiB each patch adds to one forward, counted along the
     GPU's matching (every token scored) on any device, and the step's first forward counted apart."""
-    from tome_core import merge
+    from tome_core.engine import merge
     from tome_bench.runner import BenchConfig, run_benchmark
 
     cfg = BenchConfig(families=("sd15",), resolutions=((64, 64),), scale="tiny", dtype="fp32", repeats=1,

@@ -8,7 +8,7 @@ diffusers = pytest.importorskip("diffusers")
 
 from tome_core import apply_patch, is_patched, remove_patch  # noqa: E402
 from conftest import SpyAttention, seed_weights as _seed_weights  # noqa: E402
-from tome_core.dit.diffusers_dit import STATE_ATTR  # noqa: E402
+from tome_core.adapters.hooks.dit import STATE_ATTR  # noqa: E402
 
 
 def flux(h: int = 6, w: int = 7, batch: int = 1, text: int = 5):

@@ -1,4 +1,4 @@
-"""Mode "kv" on the diffusers DiT families added from the family table (tome_core.dit.families): Chroma,
+"""Mode "kv" on the diffusers DiT families added from the family table (tome_core.catalogue.diffusers_dits): Chroma,
 Flux.2, Qwen-Image (and its edit models' reference tokens), Lumina 2, Z-Image, LTX-Video, LTX-2; their
 real classes, reduced in size, seeded weights. Also: models the table does not hold are refused naming
 them (AuraFlow; a class with a supported name from another module), and diffusers' step caches that
@@ -14,8 +14,8 @@ diffusers = pytest.importorskip("diffusers")
 
 from tome_core import apply_patch, is_patched, remove_patch  # noqa: E402
 from conftest import SpyAttention, seed_weights as _seed_weights  # noqa: E402
-from tome_core.dit.diffusers_dit import STATE_ATTR  # noqa: E402
-from tome_core.dit.families import family_of  # noqa: E402
+from tome_core.adapters.hooks.dit import STATE_ATTR  # noqa: E402
+from tome_core.catalogue.diffusers_dits import family_of  # noqa: E402
 
 
 def _raster_ids(h: int, w: int, columns: int, first: float = 0.0) -> torch.Tensor:
@@ -636,7 +636,7 @@ def test_ltx2_projects_only_the_kept_video_tokens_for_keys_and_values(monkeypatc
     both keep a token's own rotation)."""
     import dataclasses
 
-    from tome_core.dit import families
+    from tome_core.catalogue import diffusers_dits as families
 
     for dtype, rope in ((torch.float32, "split"), (torch.float32, "interleaved"), (torch.bfloat16, "split")):
         model, inputs, where = ltx2(batch=2)

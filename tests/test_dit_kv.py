@@ -1,4 +1,4 @@
-"""The pure DiT kv engine (tome_core.dit): windows, picks, kept indices on 2-D and 3-D grids."""
+"""The pure DiT kv engine (tome_core.engine.kv): windows, picks, kept indices on 2-D and 3-D grids."""
 from __future__ import annotations
 
 import math
@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
-from tome_core.dit import TokenLayout, dit_window, keep_index, pick_index_nd, reduce_kv
-from tome_core.merge import kv_pick_index, kv_pool_window
+from tome_core.engine.grid import TokenLayout
+from tome_core.engine.kv import dit_window, keep_index, pick_index_nd, reduce_kv
+from tome_core.engine.merge import kv_pick_index, kv_pool_window
 
 
 def test_2d_window_is_the_unet_choice():

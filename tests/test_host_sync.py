@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import tome_core
 from tome_core import ToMeConfig
 from tome_bench.models import build_unet, make_inputs
-from tome_core.model_patcher import SigmaWindow, make_patches
+from tome_core.adapters.model_patcher.unet import SigmaWindow, make_patches
 
 _SYNC_OPS = {"_local_scalar_dense", "nonzero", "nonzero_static", "bincount", "unique", "_unique", "_unique2",
              "unique_dim", "unique_consecutive", "masked_select", "is_nonzero", "equal", "item", "tolist"}

@@ -7,7 +7,7 @@ from tomesd.merge import bipartite_soft_matching_random2d as tomesd_matching
 
 from tome_core import (bipartite_soft_matching, grid_for_tokens, kv_pick_index, kv_pool_window, make_partition,
                        pool_tokens)
-from tome_core.plan import partition_seed
+from tome_core.engine.plan import partition_seed
 
 
 def test_partition_has_one_destination_per_full_cell_and_border_tokens_are_sources():
@@ -45,7 +45,7 @@ def test_matching_equals_tomesd_on_random_tokens(hw, ratio):
 def test_the_gpu_and_cpu_matchings_place_every_token_alike(hw, ratio):
     """The GPU's path (every token scored, destinations masked) and the CPU's (sources gathered and
     scored alone) give the same slots, so the same merged tokens, on either device."""
-    from tome_core.merge import match_tokens
+    from tome_core.engine.merge import match_tokens
 
     h, w = hw
     x = torch.randn(2, h * w, 16, generator=torch.Generator().manual_seed(7))
@@ -119,7 +119,7 @@ def test_partition_seed_depends_on_every_part_and_is_stable():
 
 
 def test_chunked_best_destinations_equal_the_full_score_matrix(monkeypatch):
-    import tome_core.merge as merge_module
+    import tome_core.engine.merge as merge_module
 
     gen = torch.Generator().manual_seed(0)
     src, dst = torch.randn(2, 300, 8, generator=gen), torch.randn(2, 100, 8, generator=gen)

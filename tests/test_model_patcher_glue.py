@@ -1,4 +1,4 @@
-"""Duck-typed parts of tome_core.model_patcher that need no ComfyUI (the real ModelPatcher path is
+"""Duck-typed parts of tome_core.adapters.model_patcher.unet that need no ComfyUI (the real ModelPatcher path is
 tested in tests/comfyui and tests/webui/test_forge_path.py)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from tome_core import ToMeConfig
-from tome_core.model_patcher import SigmaWindow, UnsupportedModelError, sigma_window
+from tome_core.adapters.model_patcher.unet import SigmaWindow, UnsupportedModelError, sigma_window
 
 
 class _Sampling:

@@ -140,7 +140,7 @@ def test_wheel_holds_tome_core_tome_bench_and_their_metadata(dists):
         entry_points = wheel.read(f"{STEM}.dist-info/entry_points.txt").decode()
     modules = {n for n in names if not n.startswith(f"{STEM}.dist-info/")}
     assert modules == _source_modules()  # every module, subpackages included, and nothing else
-    assert {"tome_bench/cli.py", "tome_core/dit/kv.py"} <= modules
+    assert {"tome_bench/cli.py", "tome_core/engine/kv.py"} <= modules
     assert f"{STEM}.dist-info/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith(("tests/", ".venv", "nodes/", "scripts/", "web/"))]
     header = dict(line.split(": ", 1) for line in metadata.split("\n\n", 1)[0].splitlines())

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import tome_core
-from tome_core import plan as plan_module
-from tome_core import speed_check
+from tome_core.engine import plan as plan_module
+from tome_core.engine import speed_check
 from tome_bench.models import build_unet, make_inputs
-from tome_core.levels import Level, attention_levels
+from tome_core.catalogue.unets import attention_levels
+from tome_core.engine.levels import Level
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from tome_core.config import ToMeConfig
-from tome_core.dit import diffusers_dit
-from tome_core.dit.families import family_of
+from tome_core.engine.config import ToMeConfig
+from tome_core.adapters.hooks import dit as diffusers_dit
+from tome_core.catalogue.diffusers_dits import family_of
 from . import dit_models
 
 RANGES: Tuple[Tuple[float, float], ...] = ((0.0, 1.0), (0.0, 0.5), (0.5, 1.0), (0.0, 1 / 3), (1 / 3, 2 / 3),

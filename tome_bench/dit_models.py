@@ -107,7 +107,7 @@ def refiner_layers(blocks: int, scale: str = "full") -> int:
 def _qk_parameters(model: torch.nn.Module) -> List[torch.Tensor]:
     """What sets the logit scale of every attention mode "kv" reduces: the q/k RMSNorm weights where
     the attention has them (all three families), else the q/k projections. Cross-attention is left alone."""
-    from tome_core.dit.families import family_of
+    from tome_core.catalogue.diffusers_dits import family_of
 
     found = []
     for _, attn, _ in family_of(model).attentions(model):
@@ -364,8 +364,8 @@ def guided(output: torch.Tensor, family: str, scale: float = 5.0) -> torch.Tenso
 def kv_errors(model: torch.nn.Module, family: str, inputs: dict, ratio: float,
               blocks: Optional[list] = None, seed: int = 0) -> Dict[str, float]:
     """Relative error of mode "kv" against the unpatched model: raw output and CFG-combined (or distilled)."""
-    from tome_core.config import ToMeConfig
-    from tome_core.dit import diffusers_dit
+    from tome_core.engine.config import ToMeConfig
+    from tome_core.adapters.hooks import dit as diffusers_dit
 
     expected = forward(model, inputs)
     diffusers_dit.install(model, ToMeConfig(ratio=ratio, mode="kv", seed=seed), blocks=blocks)
@@ -380,8 +380,8 @@ def kv_errors(model: torch.nn.Module, family: str, inputs: dict, ratio: float,
 @contextlib.contextmanager
 def patched(model: torch.nn.Module, ratio: float, blocks: Optional[list] = None) -> Iterator[torch.nn.Module]:
     """The model with mode "kv" on for the duration (for timing loops)."""
-    from tome_core.config import ToMeConfig
-    from tome_core.dit import diffusers_dit
+    from tome_core.engine.config import ToMeConfig
+    from tome_core.adapters.hooks import dit as diffusers_dit
 
     diffusers_dit.install(model, ToMeConfig(ratio=ratio, mode="kv"), blocks=blocks)
     try:

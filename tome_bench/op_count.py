@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tome_core import merge
+from tome_core.engine import merge
 
 MOVING_OPS = ("gather", "scatter", "index", "take", "masked_select", "put")
 SYNC_OPS = ("_local_scalar_dense", "item", "nonzero", "unique", "_assert_async")

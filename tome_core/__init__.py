@@ -2,11 +2,12 @@
 
 Imports torch and itself only; hosts are recognised by duck typing. Start with ``apply_patch``.
 """
-from .config import ToMeConfig
-from .levels import attention_base_downsample, grid_for_tokens
-from .merge import bipartite_soft_matching, kv_pick_index, kv_pool_window, make_partition, pool_tokens
-from .patch import apply_patch, describe, is_patched, patch_config, remove_patch
-from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
+from .engine.config import ToMeConfig
+from .catalogue.unets import attention_base_downsample
+from .engine.levels import grid_for_tokens
+from .engine.merge import bipartite_soft_matching, kv_pick_index, kv_pool_window, make_partition, pool_tokens
+from .adapters.hooks.api import apply_patch, describe, is_patched, patch_config, remove_patch
+from .engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 from ._version import __version__  # one source: [project] version in pyproject.toml
 
 __all__ = [

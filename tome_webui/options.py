@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Sequence
 
 from tome_core import ToMeConfig
-from tome_core.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
+from tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
 
 INFOTEXT_PREFIX = "ToMe"
 SKIPPED_KEY = "ToMe skipped"

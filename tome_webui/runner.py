@@ -20,8 +20,8 @@ from typing import Any, Sequence
 # while it imports scripts/*.py, so a later `import tome_core...` inside a callback would fail.
 import tome_core
 from tome_core import ToMeConfig
-import tome_core.patch
-from tome_core.model_patcher import check_model_patcher, describe_patcher, patch_model_patcher
+import tome_core.adapters.hooks.api
+from tome_core.adapters.model_patcher.unet import check_model_patcher, describe_patcher, patch_model_patcher
 
 from .options import INFOTEXT_KEYS, LEVELS_KEY, SKIPPED_KEY, SKIPPED_VALUE, WebUIArgs
 
@@ -157,7 +157,7 @@ def check_model(p: Any, run: Run) -> None:
         if is_forge(p):
             check_model_patcher(p.sd_model.forge_objects.unet, config)
         else:
-            tome_core.patch.check_patchable(p.sd_model)
+            tome_core.adapters.hooks.api.check_patchable(p.sd_model)
 
 
 def refuse(p: Any, error: Exception) -> None:

@@ -1,7 +1,7 @@
 """Mode "kv" on ComfyUI's own DiT classes (Flux, MMDiT/SD3, Wan, HunyuanVideo), in process, sampled by ComfyUI.
 
 Reduced-size models built from comfy.supported_models / comfy.ldm classes with seeded weights,
-patched with tome_core.dit.comfy_dit.patch_dit_model_patcher and sampled with comfy.sample.sample,
+patched with tome_core.adapters.model_patcher.dit.patch_dit_model_patcher and sampled with comfy.sample.sample,
 so the wrappers, transformer_options and optimized_attention_override are ComfyUI's own.
 Run with the interpreter of an environment that has ComfyUI >= 0.3.6x (.venv-comfy-next).
 """
@@ -15,8 +15,8 @@ import torch
 
 import comfy_env
 
-from tome_core.config import ToMeConfig
-from tome_core.dit.comfy_dit import OVERRIDE, has_image_only_attention, patch_dit_model_patcher
+from tome_core.engine.config import ToMeConfig
+from tome_core.adapters.model_patcher.dit import OVERRIDE, has_image_only_attention, patch_dit_model_patcher
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def host_where(patcher, where: dict, added: int = 0) -> dict:
     """``where`` (prefix, grid, suffix of the joint attention, as ComfyUI 0.3.x runs HunyuanVideo: [video, text]) on
     the running host: ComfyUI 0.13+ runs [text, video], so the suffix and the ``added`` tokens the model puts
     beside its text (byT5, vision) come before the grid there."""
-    from tome_core.dit.comfy_families import grid_last
+    from tome_core.catalogue.comfy_dits import grid_last
 
     if grid_last(patcher.model.diffusion_model):
         return dict(prefix=where["prefix"] + where["suffix"] + added, grid=where["grid"], suffix=0)
@@ -433,10 +433,10 @@ def test_every_attention_backend_comfyui_can_select_gets_the_shortened_keys(comf
     --use-pytorch-cross-attention, or the basic one; xformers/sage/flash on CUDA): each is wrapped by wrap_attn,
     so ToMe's override reaches it, and it computes exactly the attention over the kept keys/values."""
     import comfy.ldm.modules.attention as attention
-    from tome_core.dit.comfy_dit import CallPlan, DiTKVPatch
-    from tome_core.dit.comfy_families import FAMILIES
-    from tome_core.dit.grid import TokenLayout
-    from tome_core.schedule import SigmaWindow
+    from tome_core.adapters.model_patcher.dit import CallPlan, DiTKVPatch
+    from tome_core.catalogue.comfy_dits import FAMILIES
+    from tome_core.engine.grid import TokenLayout
+    from tome_core.engine.schedule import SigmaWindow
 
     function = getattr(attention, backend)
     layout = TokenLayout((4, 5), prefix=3)

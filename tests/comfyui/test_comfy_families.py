@@ -19,8 +19,8 @@ import torch
 
 from test_comfy_dit import _as_detected, _patcher, comfy, host_where, sample, spy_on  # noqa: F401
 
-from tome_core.config import ToMeConfig
-from tome_core.dit.comfy_dit import dit_family, patch_dit_model_patcher
+from tome_core.engine.config import ToMeConfig
+from tome_core.adapters.model_patcher.dit import dit_family, patch_dit_model_patcher
 
 
 def _require(module: str, name: str):
@@ -671,7 +671,7 @@ def test_hunyuan_video_layout_follows_the_host(comfy, monkeypatch):
     tests check the kept keys on the running host's real order."""
     import comfy.ldm.flux.layers as layers
 
-    from tome_core.dit.comfy_families import grid_last
+    from tome_core.catalogue.comfy_dits import grid_last
 
     patcher = _hunyuan_patcher(comfy, _require("comfy.supported_models", "HunyuanVideo15"), in_channels=33,
                                patch_size=[1, 1, 1], axes_dim=[4, 6, 6], use_cond_type_embedding=True, vision_in_dim=32)
@@ -693,7 +693,7 @@ def test_hunyuan_video_layout_follows_the_host(comfy, monkeypatch):
 def test_z_image_calls_with_reference_latents_are_left_whole(comfy):
     """The 2026 NextDiT (Z-Image Omni / edit) adds reference latents and SigLIP features to the sequence;
     the table cannot place them, so such a call has no layout (nothing reduced), while a plain call has one."""
-    from tome_core.dit.comfy_layout import token_layout
+    from tome_core.adapters.model_patcher.layout import token_layout
 
     patcher, latent, cond, where, _ = FAMILIES["z_image"](comfy)
     model = patcher.model.diffusion_model
@@ -764,7 +764,7 @@ def test_text_mask_follows_the_kept_keys(comfy, family):
 def test_ideogram4_call_without_text_is_the_image_alone(comfy):
     """Ideogram 4 runs its unconditional pass without text ([image] alone): that call's layout is the grid with no
     prefix, not an unknown one."""
-    from tome_core.dit.comfy_layout import token_layout
+    from tome_core.adapters.model_patcher.layout import token_layout
 
     patcher, latent, cond, where, _ = ideogram4(comfy)
     model = patcher.model.diffusion_model

@@ -1,4 +1,4 @@
-"""The node classes and tome_core.model_patcher without ComfyUI (runs in any venv with torch).
+"""The node classes and tome_core.adapters.model_patcher.unet without ComfyUI (runs in any venv with torch).
 
 The ModelPatcher here is a stand-in with the same duck-typed surface (clone, set_model_*_patch,
 model.diffusion_model, model_sampling): the real one is exercised in test_comfy_workflow.py.
@@ -17,7 +17,7 @@ import torch
 
 import tome_core
 from tome_core import ToMeConfig, TokenMerger
-from tome_core.model_patcher import (
+from tome_core.adapters.model_patcher.unet import (
     SigmaWindow, UnsupportedModelError, make_patches, patch_model_patcher,
 )
 
@@ -190,7 +190,7 @@ def test_node_returns_a_patched_clone_and_reports_the_level(tome_package):
     json.dumps(out["ui"])  # sent to the browser as JSON
 
 
-# -- tome_core.model_patcher ---------------------------------------------------------------------
+# -- tome_core.adapters.model_patcher.unet ---------------------------------------------------------------------
 
 def test_patcher_registers_the_right_patch_pairs():
     source = StandInPatcher(BaseModel(StandInUNet()))

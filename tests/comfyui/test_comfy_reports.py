@@ -15,10 +15,10 @@ import torch
 
 from test_comfy_dit import OVERRIDE, comfy, flux, sample, spy_on, wan  # noqa: F401
 
-from tome_core.config import ToMeConfig
-from tome_core.dit.comfy_dit import patch_dit_model_patcher
-from tome_core.dit.comfy_layout import token_layout
-from tome_core.dit.kv import dit_window, pick_index_nd
+from tome_core.engine.config import ToMeConfig
+from tome_core.adapters.model_patcher.dit import patch_dit_model_patcher
+from tome_core.adapters.model_patcher.layout import token_layout
+from tome_core.engine.kv import dit_window, pick_index_nd
 
 
 def _reports(comfy, patcher, latent, cond, key: str) -> list:

@@ -142,7 +142,7 @@ def swap_patcher_before_hires(patcher):
 def test_forge_applies_the_comfyui_nodes_patch_with_the_scripts_settings(script, host, comfy_patcher):
     """The script's Forge path equals patch_model_patcher (the ComfyUI node's function) with the
     same settings; the hires pass gets its own ratio."""
-    from tome_core.model_patcher import patch_model_patcher
+    from tome_core.adapters.model_patcher.unet import patch_model_patcher
     from tome_webui.options import WebUIArgs
 
     args = script_args(ratio=0.5, hr_ratio=0.25, max_downsample="2", use_rand=False, seed=3)

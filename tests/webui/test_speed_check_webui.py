@@ -9,7 +9,7 @@ import torch
 
 import webui_doubles as wd
 from test_forge_path import build_comfy_sd15_patcher, forge_run
-from tome_core import speed_check
+from tome_core.engine import speed_check
 from tome_webui.options import LEVELS_KEY
 from webui_helpers import make_p, script_args
 

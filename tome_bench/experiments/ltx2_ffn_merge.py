@@ -1,7 +1,7 @@
 """Would merging LTX-2's video tokens before its feed-forward buy speed more cheaply than a higher kv ratio?
 
 kv shortens only the video self-attention's keys; LTX-2's feed-forward (4096 -> 16384 -> 4096) is a quarter of its
-block's time and does not shrink. ToMe's bipartite soft matching (``tome_core.merge``, a 2x2 strided partition over
+block's time and does not shrink. ToMe's bipartite soft matching (``tome_core.engine.merge``, a 2x2 strided partition over
 the frames' rows) could merge a share of the video tokens before it and copy the result back after. This script
 measures that on the benchmark's seeded full-width model (2 blocks, 512x768 x 25 frames, bf16, [uncond; cond] pair,
 peaked x3): the errors of kv r=0.5 with a quarter or half of the feed-forward's tokens merged, against kv r=0.5
@@ -15,7 +15,7 @@ import pathlib
 import torch
 
 import tome_core
-from tome_core import merge
+from tome_core.engine import merge
 from tome_bench import dit_models as dm
 
 from . import results_path

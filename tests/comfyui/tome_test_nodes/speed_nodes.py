@@ -1,7 +1,7 @@
 """A test-only node that forces the speed check's timings inside the server process.
 
 ``TomeTestForceSpeedups`` passes its MODEL on unchanged and, when it runs, replaces
-``tome_core.speed_check.measure_speedup`` in every copy of the engine the server has loaded (the
+``tome_core.engine.speed_check.measure_speedup`` in every copy of the engine the server has loaded (the
 repository is imported under its custom-node package name, and as the V1 twin) with a function that
 returns the speed-ups given as "HxW=speedup, ...; *=default" for each level grid, and forgets cached
 verdicts. A prompt can then decide levels by a chosen figure on a CPU-only server: nothing is timed.
@@ -43,7 +43,7 @@ class TomeTestForceSpeedups:
             return table.get(tuple(shape.grid), default)
 
         engines = [module for name, module in list(sys.modules.items())
-                   if name.endswith("tome_core.speed_check") and hasattr(module, "measure_speedup")]
+                   if name.endswith("tome_core.engine.speed_check") and hasattr(module, "measure_speedup")]
         for module in engines:
             module.measure_speedup = timer
             module.forget_verdicts()

@@ -16,17 +16,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..config import ToMeConfig
-from ..blocks import chosen_blocks
-from ..schedule import SigmaWindow, sigma_value
-from .comfy_families import ComfyFamily, base_model, block_offsets, default_start, family_of, grid_last, \
-    supported_names, unreached
-from .comfy_layout import ambiguous_lengths, token_layout
-from .comfy_reports import ReportBasis, agrees, host_report, report_basis, reported_layout
-from .diffusers_dit import check_config
-from .grid import TokenLayout
-from .kv import dit_window
-from .state import KVPatchState
+from ...engine.config import ToMeConfig, require_dit_config
+from ...engine.blocks import chosen_blocks
+from ...engine.schedule import SigmaWindow, sigma_value
+from ...catalogue.comfy_dits import (ComfyFamily, base_model, block_offsets, default_start, family_of, grid_last,
+                                    supported_names, unreached)
+from .layout import ambiguous_lengths, token_layout
+from .reports import ReportBasis, agrees, host_report, report_basis, reported_layout
+from ...engine.grid import TokenLayout
+from ...engine.kv import dit_window
+from ...engine.kv_state import KVPatchState
 
 OVERRIDE = "optimized_attention_override"
 WRAPPER_KEY = "tome_dit_kv"
@@ -319,7 +318,7 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     reason = unreached(diffusion_model)
     if reason:
         raise TypeError(f"ToMe: {type(base_model(diffusion_model)).__name__} cannot be reduced here: {reason}.")
-    check_config(diffusion_model, config)
+    require_dit_config(config, type(base_model(diffusion_model)).__name__)
     chosen = blocks_on(diffusion_model, config)
     if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():
         raise RuntimeError("ToMe: this ComfyUI has no transformer_options['optimized_attention_override'] "

@@ -6,8 +6,8 @@ from typing import Dict, Tuple
 
 import torch
 
-from ..config import ToMeConfig
-from ..plan import partition_seed
+from .config import ToMeConfig
+from .plan import partition_seed
 from .grid import TokenLayout
 from .kv import dit_window, keep_index, pick_index_nd
 

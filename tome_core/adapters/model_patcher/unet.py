@@ -24,10 +24,11 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from .config import ToMeConfig, require_all_blocks
-from .levels import Level, attention_base_downsample, attention_levels
-from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
-from .schedule import SigmaWindow, sigma_value
+from ...engine.config import ToMeConfig, require_all_blocks
+from ...engine.levels import Level
+from ...catalogue.unets import attention_base_downsample, attention_levels
+from ...engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
+from ...engine.schedule import SigmaWindow, sigma_value
 
 SUPPORTED_MODELS = "SD1.x, SD2.x and SDXL-family UNet models (SSD-1B, Playground v2, ...)"
 _REQUIRED_METHODS = ("clone", "set_model_attn1_patch", "set_model_attn1_output_patch")

@@ -1,4 +1,8 @@
-"""Where a block sits in the UNet: its token grid and its depth, found without importing any host.
+"""The UNet families (SD1.x, SD2.x, SDXL): where their attention blocks and levels sit in the module tree.
+
+diffusers (``down_blocks``/``mid_block``/``up_blocks``), LDM/SGM (the WebUI) and ComfyUI
+(``input_blocks``/``middle_block``/``output_blocks``) name these the same way, and all three call the
+block that holds attn1/attn2/ff ``BasicTransformerBlock``: found by those names, without importing any host.
 
 Depth rule: ``max_downsample`` counts from the first UNet level that has attention. SD1.x/SD2.x
 have attention at full latent resolution, so their first attention level is 1x (tomesd's
@@ -7,11 +11,11 @@ there instead of doing nothing as tomesd does.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, Tuple
 
 import torch
+
+from ..engine.levels import Level
 
 TRANSFORMER_BLOCK = "BasicTransformerBlock"
 
@@ -25,38 +29,12 @@ def transformer_blocks(module: torch.nn.Module) -> list:
     return [m for m in module.modules() if is_transformer_block(m)]
 
 
-def grid_for_tokens(n_tokens: int, latent_h: int, latent_w: int) -> Optional[Tuple[int, int, int]]:
-    """(downsample, h, w) of a level with n_tokens tokens for a latent of latent_h x latent_w.
-
-    UNets halve each side per level, rounding up (stride-2 conv with padding 1) or down (pooling),
-    so sizes not divisible by 8 are found exactly; None when no power-of-two level matches.
-    """
-    downsample = 1
-    while downsample <= 2 * max(latent_h, latent_w):
-        for rounding in (math.ceil, math.floor):
-            h, w = rounding(latent_h / downsample), rounding(latent_w / downsample)
-            if h * w == n_tokens:
-                return downsample, h, w
-        downsample *= 2
-    return None
-
-
 def _has_downsampler(module: torch.nn.Module) -> bool:
     return any("Downsample" in type(m).__name__ for m in module.modules())
 
 
 def _has_upsampler(module: torch.nn.Module) -> bool:
     return any("Upsample" in type(m).__name__ for m in module.modules())
-
-
-@dataclass(frozen=True)
-class Level:
-    """The transformer blocks that share one token grid: what a timing of that level needs."""
-
-    downsample: int  # latent downsampling of the level's tokens (1 = the latent grid itself)
-    blocks: int  # transformer blocks on it, down path, middle and up path together
-    channels: int  # width of their self-attention input
-    heads: int
 
 
 def _width_and_heads(block: torch.nn.Module) -> Tuple[int, int]:

@@ -15,7 +15,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
 
-from ..blocks import default_start as block_default_start
+from ..engine.blocks import default_start as block_default_start
 
 
 @dataclass(frozen=True)

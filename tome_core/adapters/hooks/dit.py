@@ -16,14 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..blocks import chosen_blocks
-from ..config import ToMeConfig
-from ..schedule import timestep_value
-from ..hooks import not_compiled
-from .families import FAMILIES, KeyInputs, family_of, find_dit, supported_classes, unsupported_dit
-from .grid import TokenLayout
-from .kv import dit_window
-from .state import KVPatchState
+from ...engine.blocks import chosen_blocks
+from ...engine.config import ToMeConfig, require_dit_config
+from ...engine.schedule import timestep_value
+from .unet import not_compiled
+from ...catalogue.diffusers_dits import FAMILIES, KeyInputs, family_of, find_dit, supported_classes, unsupported_dit
+from ...engine.grid import TokenLayout
+from ...engine.kv import dit_window
+from ...engine.kv_state import KVPatchState
 
 STATE_ATTR = "_tome_dit"
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -31,19 +31,7 @@ _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "s
 
 def check_config(model: torch.nn.Module, config: ToMeConfig) -> None:
     """Refuse what would give users a different image than they asked for, naming the model and the fix."""
-    name = type(model).__name__
-    if config.mode != "kv":
-        raise ValueError(
-            f"ToMe: mode={config.mode!r} merges tokens through UNet transformer blocks; {name} is a "
-            "transformer-only model (DiT): use mode='kv', which keeps every query and text token and "
-            "downsamples only the image tokens' keys/values."
-        )
-    if config.kv_downsample != "nearest":
-        raise ValueError(
-            f"ToMe: kv_downsample={config.kv_downsample!r} is not supported on {name}: its keys are "
-            "rotary-encoded (RoPE) and averaging keys rotated by different angles does not give the key "
-            "of any position; use kv_downsample='nearest'."
-        )
+    require_dit_config(config, type(model).__name__)
 
 
 class _KVMode(TorchFunctionMode):

@@ -5,7 +5,7 @@ from typing import List
 
 import torch
 
-from .levels import is_transformer_block
+from ...catalogue.unets import is_transformer_block
 
 SUPPORTED = (
     "a diffusers pipeline, UNet2DConditionModel or ControlNetModel (SD1.x, SD2.x, SDXL), an LDM/SGM model "

@@ -160,3 +160,20 @@ def require_all_blocks(config: ToMeConfig, model_name: str) -> None:
             f"ToMe: block_start/block_end choose a share of a DiT's blocks (Flux, SD3, Wan, HunyuanVideo); {model_name} is a "
             "UNet, whose levels max_downsample chooses: set block_start=0.0 and block_end=1.0."
         )
+
+
+def require_dit_config(config: ToMeConfig, model_name: str) -> None:
+    """What a transformer-only model (DiT) cannot take, refused naming it and the fix: it has mode "kv" only,
+    with nearest picks (its keys are rotary-encoded)."""
+    if config.mode != "kv":
+        raise ValueError(
+            f"ToMe: mode={config.mode!r} merges tokens through UNet transformer blocks; {model_name} is a "
+            "transformer-only model (DiT): use mode='kv', which keeps every query and text token and "
+            "downsamples only the image tokens' keys/values."
+        )
+    if config.kv_downsample != "nearest":
+        raise ValueError(
+            f"ToMe: kv_downsample={config.kv_downsample!r} is not supported on {model_name}: its keys are "
+            "rotary-encoded (RoPE) and averaging keys rotated by different angles does not give the key "
+            "of any position; use kv_downsample='nearest'."
+        )

@@ -13,12 +13,12 @@ from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
-from .config import ToMeConfig
+from ...engine.config import ToMeConfig
 from .fused_kv import add_kv_projection
 from .host_caches import Guarded, refuse_caches_inside
-from .levels import attention_base_downsample, attention_levels, transformer_blocks
-from .plan import IDENTITY_PLAN, TokenMerger, TokenPlan
-from .schedule import UNET_TIMESTEPS, timestep_value
+from ...catalogue.unets import attention_base_downsample, attention_levels, transformer_blocks
+from ...engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
+from ...engine.schedule import UNET_TIMESTEPS, timestep_value
 
 STATE_ATTR = "_tome_core"
 _HIDDEN_NAMES = ("hidden_states", "x")

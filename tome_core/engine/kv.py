@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from ..merge import kv_pool_window
+from .merge import kv_pool_window
 from .grid import TokenLayout
 
 
@@ -41,7 +41,7 @@ def pick_index_nd(grid: Sequence[int], window: Sequence[int], generator: Optiona
     generator: draws the pick inside each window uniformly (seeded per step by the caller); None
     picks each window's centre. Partial windows at the borders (sides not multiples of the window,
     frame counts not divisible by the temporal side) pick among the tokens they cover.
-    Same picks as ``tome_core.merge.kv_pick_index`` for 2-D grids given the same draws.
+    Same picks as ``tome_core.engine.merge.kv_pick_index`` for 2-D grids given the same draws.
     """
     coords = []
     counts = [math.ceil(n / s) for n, s in zip(grid, window)]

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Optional, TypeVar
 
-from .config import ToMeConfig, require_all_blocks
-from .dit import diffusers_dit
-from .hooks import STATE_ATTR, check_partners, install, uninstall
-from .levels import attention_base_downsample
+from ...engine.config import ToMeConfig, require_all_blocks
+from . import dit as diffusers_dit
+from .unet import STATE_ATTR, check_partners, install, uninstall
+from ...catalogue.unets import attention_base_downsample
 from .targets import SUPPORTED, find_unets, patched_modules
 
 Model = TypeVar("Model")
@@ -41,7 +41,7 @@ def apply_patch(
         (what the WebUI holds), or an LDM-style UNet.
     The first nine arguments mean what they mean in tomesd (see ``ToMeConfig``), except that
     ``max_downsample`` counts from the model's first attention level, so SDXL is merged too.
-    DiTs (tome_core.dit.families.TABLE: Flux.1/.2, Chroma, Qwen-Image, SD3/3.5, Wan, HunyuanVideo, Lumina 2,
+    DiTs (tome_core.catalogue.diffusers_dits.TABLE: Flux.1/.2, Chroma, Qwen-Image, SD3/3.5, Wan, HunyuanVideo, Lumina 2,
     Z-Image, LTX-Video, LTX-2) take mode "kv" only; block_start/block_end pick the share of their
     blocks, in depth order, that is reduced (block_start None: the model's default, on Flux its single
     blocks); UNets refuse a range (max_downsample picks their levels).

@@ -19,8 +19,7 @@ import torch
 from .config import ToMeConfig
 from .levels import Level, grid_for_tokens
 from .speed_check import Verdict, verdict
-from .merge import (Partition, TokenFn, do_nothing, kv_pick_index, kv_pool_window, make_partition, match_tokens,
-                    pool_tokens)
+from .merge import Partition, TokenFn, do_nothing, kv_pick_index, kv_pool_window, make_partition, match_tokens, pool_tokens
 
 log = logging.getLogger("tome_core")
 

@@ -11,8 +11,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from .comfy_families import ComfyFamily, attr_path, base_model, family_of, grid_last
-from .grid import TokenLayout
+from ...catalogue.comfy_dits import ComfyFamily, attr_path, base_model, family_of, grid_last
+from ...engine.grid import TokenLayout
 
 
 def token_grid(diffusion_model: Any, latent: torch.Tensor, padded: bool = True) -> Optional[Tuple[int, ...]]:

@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from .comfy_families import ComfyFamily, family_of, grid_last
-from .comfy_layout import kept_frames
-from .grid import TokenLayout
+from ...catalogue.comfy_dits import ComfyFamily, family_of, grid_last
+from .layout import kept_frames
+from ...engine.grid import TokenLayout
 
 Report = Tuple[str, Tuple[int, ...]]
 

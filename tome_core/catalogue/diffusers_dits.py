@@ -14,10 +14,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..blocks import default_start
-from ..schedule import TimestepScale
+from ..engine.blocks import default_start
+from ..engine.schedule import TimestepScale
 from . import token_readers as readers
-from .grid import TokenLayout
+from ..engine.grid import TokenLayout
 from .token_readers import Tokens
 
 TEXT_PLACES = ("first", "last", "separate", "none")

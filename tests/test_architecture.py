@@ -1,0 +1,120 @@
+"""The house's rules, read from the source: layers, the arrows between them, and no cycles.
+
+tome_core/engine imports torch and itself only; the catalogue builds on the engine; each adapter on the
+engine and the catalogue, never on another adapter; the public API (tome_core/__init__) on all of them;
+nothing in tome_core imports the benchmark (tome_bench).
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "tome_core"
+STDLIB = set(sys.stdlib_module_names)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, top_level_only: bool) -> set:
+    """Absolute module names ``path`` imports (relative imports resolved); module level only if asked."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)  # "from . import merge"
+    return found
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in ("engine", "catalogue"):
+        return parts[1]
+    if len(parts) > 2 and parts[1] == "adapters":
+        return f"adapters.{parts[2]}"
+    return "api"  # tome_core/__init__, __main__, _version, tome_core.adapters itself
+
+
+ALLOWED = {"engine": {"engine"}, "catalogue": {"engine", "catalogue"}}
+
+
+def own_imports(module: str, top_level_only: bool = False) -> set:
+    """The tome_core modules ``module`` imports."""
+    return {name for name in imports_of(MODULES[module], top_level_only) if name in MODULES}
+
+
+def test_every_arrow_points_down_the_layers():
+    wrong = []
+    for module in MODULES:
+        source = layer(module)
+        for target in own_imports(module):
+            target_layer = layer(target)
+            allowed = ALLOWED.get(source)
+            if source.startswith("adapters."):
+                allowed = {"engine", "catalogue", source}
+            if allowed is not None and target_layer not in allowed and target not in ("tome_core", "tome_core.adapters"):
+                wrong.append(f"{module} ({source}) -> {target} ({target_layer})")
+    assert wrong == []
+
+
+def test_the_engine_imports_torch_and_itself_only():
+    outside = {name.split(".")[0] for module in MODULES if layer(module) == "engine"
+               for name in imports_of(MODULES[module], top_level_only=False)} - STDLIB - {"torch", "tome_core", "__future__"}
+    assert outside == set()
+
+
+def test_no_module_imports_a_host_or_the_benchmark():
+    hosts = {"comfy", "comfy_api", "comfy_extras", "server", "diffusers", "modules", "ldm", "sgm", "gradio",
+             "tome_bench", "nodes", "tome_webui", "tomesd"}
+    found = {(module, name) for module, path in MODULES.items() for name in imports_of(path, top_level_only=False)
+             if name.split(".")[0] in hosts}
+    # the command line's `python -m tome_core bench` hands over to the benchmark: the one arrow to it
+    assert found == {("tome_core.__main__", "tome_bench.cli"), ("tome_core.__main__", "tome_bench.cli.main")}
+
+
+def test_no_import_cycles_at_module_level():
+    graph = {module: own_imports(module, top_level_only=True) - {module} for module in MODULES}
+    visiting, done, cycles = set(), set(), []
+
+    def visit(module, trail):
+        if module in done:
+            return
+        if module in visiting:
+            cycles.append(trail[trail.index(module):] + [module])
+            return
+        visiting.add(module)
+        for target in sorted(graph[module]):
+            # a package's __init__ importing its own submodules is how a package is built, not a cycle
+            if not target.startswith(module + "."):
+                visit(target, trail + [target])
+        visiting.discard(module)
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [module])
+    assert cycles == []
+
+
+def test_the_layers_are_where_the_architecture_says():
+    assert {layer(m) for m in MODULES} == {"api", "engine", "catalogue", "adapters.hooks", "adapters.model_patcher"}
+    doc = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    for folder in ("tome_core/engine", "tome_core/catalogue", "tome_core/adapters/hooks",
+                   "tome_core/adapters/model_patcher", "tome_bench", "nodes", "tome_webui"):
+        assert folder in doc, folder
