@@ -118,3 +118,14 @@ def test_the_layers_are_where_the_architecture_says():
     for folder in ("tome_core/engine", "tome_core/catalogue", "tome_core/adapters/hooks",
                    "tome_core/adapters/model_patcher", "tome_bench", "nodes", "tome_webui"):
         assert folder in doc, folder
+
+
+def test_units_a_reader_can_hold():
+    """No function of the product (engine, catalogue, adapters, entry points, benchmark) is over 80 lines."""
+    long = []
+    for folder in ("tome_core", "tome_bench", "nodes", "tome_webui", "scripts"):
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
+    assert long == []

@@ -76,10 +76,18 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    methods = "; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items())
     p = argparse.ArgumentParser(
         prog="python -m tome_core bench", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_presets(p)
+    _add_what_to_run(p)
+    _add_how_to_measure(p)
+    _add_where_and_output(p)
+    return p
+
+
+def _add_presets(p: argparse.ArgumentParser) -> None:
+    """--tiny, --quick, --full, --gpu-suite: one at a time."""
     preset = p.add_mutually_exclusive_group()
     preset.add_argument("--tiny", action="store_true",
                         help="CI setting: tiny sd15/sd2/sdxl models, 64 px, 1 repeat, 1 thread "
@@ -93,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "sdxl at 1024/2048, fp16, default SDPA, eager, every case profiled with CUDA "
                              "activity; then sd15 1024 compiled; 3 to 6 rounds; --device cuda unless "
                              "given; --families/--res/--methods pick a part (e.g. --families sdxl)")
+
+
+def _add_what_to_run(p: argparse.ArgumentParser) -> None:
+    """Models, sizes, methods and their ratios, batch, DiT blocks and frames, dtype."""
+    methods = "; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items())
     p.add_argument("--families", type=_csv(str), default=None,
                    help=f"comma list of UNet families {', '.join(FAMILIES)} or of DiT families "
                         f"{', '.join(DIT_FAMILIES)} (one kind per run) (default: {DEFAULTS['families']})")
@@ -123,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default=None,
                    help="weights and activations (default: bf16; fp16 with --gpu-suite; "
                         "fp16 only on CUDA)")
+
+
+def _add_how_to_measure(p: argparse.ArgumentParser) -> None:
+    """Rounds, budget, compilation, the error measures and the patch options both packages take."""
     p.add_argument("--repeats", type=int, default=None,
                    help=f"timed rounds at least, after the warm-up (default: {DEFAULTS['repeats']})")
     p.add_argument("--max-repeats", type=int, default=None,
@@ -146,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="passed to apply_patch of both packages (default: 1; UNets only)")
     p.add_argument("--no-rand", dest="use_rand", action="store_false",
                    help="use_rand=False in apply_patch (deterministic destination choice)")
+
+
+def _add_where_and_output(p: argparse.ArgumentParser) -> None:
+    """Seed, device, attention kernel, threads, profiling, op counts, output."""
     p.add_argument("--seed", type=int, default=0, help="weights, inputs and ToMe seed")
     p.add_argument("--device", default=None,
                    help="cpu, cuda or cuda:N (default: cpu; cuda with --gpu-suite)")
@@ -166,7 +187,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output folder for results.json, results.md and speedup_vs_error.png "
                         "(the chart needs matplotlib) (default: ./bench_out)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    return p
 
 
 class UsageError(Exception):
@@ -259,14 +279,9 @@ def busy_line(rows: list[dict]) -> str | None:
             "the speed-ups above are not a result: rerun on an idle machine")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; returns the process exit code (2: bad input, one line on stderr)."""
-    args = build_parser().parse_args(argv)
-    try:
-        configs = _configs(args)
-    except UsageError as e:
-        print(f"python -m tome_core bench: error: {e}", file=sys.stderr)
-        return 2
+def _prepare(args: argparse.Namespace, configs: list[BenchConfig]) -> tuple[dict, str | None] | None:
+    """Everything before the first forward: diffusers present (else None, the error said), the chart's
+    availability, threads, the environment record and a note when the machine is busy."""
     # silence kineto's per-session "profiler_start/stop" lines (memory is measured with it)
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
 
@@ -274,29 +289,37 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import report
     from .models import _import_diffusers
-    from .runner import run_benchmark
 
     try:
         _import_diffusers()  # fail early, with the install hint, before any work
     except ImportError as e:
         print(f"python -m tome_core bench: error: {e}", file=sys.stderr)
-        return 2
+        return None
     no_chart = report.chart_missing()  # said before the run, so nobody waits for a crash
     if no_chart:
         print(f"note: {no_chart}", file=sys.stderr)
     threads = args.threads or (PRESETS["tiny"]["threads"] if args.tiny else None)
     if threads:
         torch.set_num_threads(threads)
-    t0 = time.perf_counter()
     env = report.environment(configs[0].device)
     load, cores = env.get("load_avg_1min_at_start"), env.get("cpu_count") or 1
     if configs[0].device == "cpu" and load is not None and load > cores / 2:
         print(f"note: the machine is busy (load {load} on {cores} cores): timings will be noisy; "
               "the noise bands, 'lost %' and 'rank' say how much (more rounds: --max-repeats)",
               file=sys.stderr)
-    json_path = args.out / "results.json"
+    return env, no_chart
+
+
+def _run_all(args: argparse.Namespace, configs: list[BenchConfig], env: dict) -> tuple[list, dict, list]:
+    """Every benchmark run of ``configs``; results.json is rewritten after each case, so a run stopped early
+    leaves what it measured. Returns (rows, extra JSON fields: the profiles, estimates per run)."""
+    from . import report
+    from .runner import run_benchmark
+
+    t0, json_path = time.perf_counter(), args.out / "results.json"
     rows: list[dict] = []
     done_cfgs: list[dict] = []
+    cfg = configs[0]
 
     def save(new_rows: list[dict], complete: bool, **extra) -> None:
         report.write_json({"config": done_cfgs + [cfg.as_dict()] if args.gpu_suite else cfg.as_dict(),
@@ -322,8 +345,15 @@ def main(argv: list[str] | None = None) -> int:
     if len(profiles) > 1:
         extra["profiles"] = profiles
     save([], complete=True, **extra)
+    return rows, extra, estimates
 
-    for method, reason in cfg.skipped.items():
+
+def _print_results(args: argparse.Namespace, configs: list[BenchConfig], rows: list, extra: dict, env: dict,
+                   estimates: list, no_chart: str | None) -> None:
+    """The table, warnings, profiles, results.md and the chart, then how long it took."""
+    from . import report
+
+    for method, reason in configs[-1].skipped.items():
         print(f"skipped {method}: {reason}", file=sys.stderr)
     print(report.format_table(rows))
     for r in rows:
@@ -342,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     md.write_text(report.format_markdown(
         rows, f"tome_core bench on {where}, {configs[0].dtype}, torch {env['torch']}"))
     chart = None if no_chart else report.write_chart(rows, args.out / "speedup_vs_error.png")
-    print(f"\nwrote {json_path}, {md}" + (f" and {chart}" if chart else ""))
+    print(f"\nwrote {args.out / 'results.json'}, {md}" + (f" and {chart}" if chart else ""))
     if no_chart:
         print(no_chart)
     busy = busy_line(rows)
@@ -353,6 +383,22 @@ def main(argv: list[str] | None = None) -> int:
              + (f", up to {first['total_up_to_s']:.0f} s" if first["total_up_to_s"] > first["total_s"] * 1.05 else "")
              + ")") if first else ""
     print(f"finished in {env['wall_s']:.0f} s{guess}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; returns the process exit code (2: bad input, one line on stderr)."""
+    args = build_parser().parse_args(argv)
+    try:
+        configs = _configs(args)
+    except UsageError as e:
+        print(f"python -m tome_core bench: error: {e}", file=sys.stderr)
+        return 2
+    prepared = _prepare(args, configs)
+    if prepared is None:
+        return 2
+    env, no_chart = prepared
+    rows, extra, estimates = _run_all(args, configs, env)
+    _print_results(args, configs, rows, extra, env, estimates, no_chart)
     return 0
 
 

@@ -116,6 +116,121 @@ class CallPlan:
     reached: List[bool] = field(default_factory=lambda: [False])
 
 
+class _CallKeys:
+    """Which keys each self-attention of one model call keeps (``DiTKVPatch.override``); built per call.
+
+    The layout: where the family reads a report the model sets for the attention
+    (``transformer_options["grid_sizes"]``/``["img_slice"]``) and the derived layout does not hold under it, the
+    report's (``reports``); else the derived one. Kept indices are built once per layout and key length in the
+    call, never per block.
+    """
+
+    def __init__(self, patch: "DiTKVPatch", plan: CallPlan) -> None:
+        self.patch, self.plan = patch, plan
+        self.seen = 0  # self-attentions over the layout so far in this model call (counted families)
+        self.derived = (plan.layout, plan.keep, {})  # layout, its kept indices, kept indices per longer key length
+        self.reported: Dict[Any, Optional[Tuple[TokenLayout, torch.Tensor, Dict[int, torch.Tensor]]]] = {}
+
+    def kept_index(self, options: dict, n: int, m: int) -> Optional[torch.Tensor]:
+        """Kept key indices of an attention with m queries over n keys, None where ToMe leaves it whole."""
+        patch, family = self.patch, self.patch.family
+        if n <= 0 or not (m == n or family.partial_queries and 0 < m < n):
+            return None
+        found = self.layout_of(options)
+        index = self.block_of(options, found[0], n, m == n) if found is not None else None
+        blocks_on = patch.blocks_on
+        if index is None or not (blocks_on is None or (index < len(blocks_on) and blocks_on[index])):
+            return None
+        return self.kept_for(*found, n)
+
+    def layout_of(self, options: dict) -> Optional[Tuple[TokenLayout, torch.Tensor, Dict[int, torch.Tensor]]]:
+        patch, plan, family = self.patch, self.plan, self.patch.family
+        basis = plan.reports
+        report = host_report(family, options, basis.stale) if basis is not None else None
+        if report is None or agrees(basis, report):
+            return self.derived
+        if report not in self.reported:  # once per distinct report in this call
+            layout = reported_layout(basis, report)
+            if layout is None:
+                patch.warn_once(f"report {report[0]}", f"ToMe: {family.name}: the model reports {report[0]}="
+                                f"{list(report[1])}, which does not hold this call's tokens that keep every key; "
+                                "such calls are left unreduced.")
+            reducible = layout is not None and patch.reducible(layout)
+            self.reported[report] = (layout, patch.keep_for(layout, plan.sigma, plan.keep.device), {}) \
+                if reducible else None
+        return self.reported[report]
+
+    def block_of(self, options: dict, layout: TokenLayout, n: int, full: bool) -> Optional[int]:
+        """Depth index of the block making this self-attention over n keys, None where ToMe leaves it.
+
+        Where the model reports it (Flux, HunyuanVideo set ``block_type``/``block_index`` in transformer_options
+        around each block), from that; elsewhere (MMDiT, Wan, LTX) the self-attentions over the layout come one
+        per block in depth order, so their count in this call is the block index (skipping the blocks the model
+        reports it does not compute, LTX's STG). A key length in ``plan.ambiguous`` (text, another stream) is never
+        taken for self-attention. With ``plan.keep_image`` (SD3.5's MMDiT-X), a self-attention over the grid alone
+        is the image-only ``x_block`` attention that ``_block_mixing`` runs right after its block's joint one, so it
+        belongs to the last counted block.
+        """
+        plan, family, offsets = self.plan, self.patch.family, self.patch.block_offsets
+        kind = options.get("block_type")
+        if n in plan.ambiguous:  # a cross-attention's text (or another stream) of this length looks alike
+            return None
+        if family.reports_blocks and kind in offsets:
+            return offsets[kind] + int(options.get("block_index", 0)) if n >= layout.length else None
+        if plan.keep_image is not None and n == layout.grid_tokens and self.seen > 0:
+            return self.seen - 1  # SD3.5's x_block self-attention, after its block's joint attention
+        if not full or family.text == "last" and not family.text_tokens or n != layout.length:
+            # No block report: [image, text] cannot be told from the text refiner's self-attention unless the
+            # table gives the whole text's length (HiDream).
+            return None
+        index, self.seen = self.seen, self.seen + 1
+        skipped = options.get(family.skipped_blocks) if family.skipped_blocks else None
+        for block in sorted(set(skipped or ())):  # the index-th block whose self-attention runs
+            if block > index:
+                break
+            index += 1
+        return index
+
+    def kept_for(self, layout: TokenLayout, keep: torch.Tensor, longer: Dict[int, torch.Tensor], n: int) -> torch.Tensor:
+        """Kept key indices of a self-attention over n keys; tokens past the layout (or, grid last, before the
+        grid) keep every key. Built once per layout and n in this call."""
+        plan, grid_last = self.plan, self.patch.grid_last
+        if n == layout.length and not grid_last:
+            return keep
+        if plan.keep_image is not None and n == layout.grid_tokens and not grid_last:
+            return plan.keep_image
+        kept = longer.get(n)
+        if kept is None:
+            if grid_last:  # every token before the grid (text, references), however many, keeps its key
+                before = n - layout.grid_tokens
+                kept = torch.cat([torch.arange(before, device=keep.device), keep + before])
+            else:
+                kept = torch.cat([keep, torch.arange(layout.length, n, device=keep.device)])
+            longer[n] = kept
+        return kept
+
+
+def _cut_keys(args: list, kwargs: dict, seq: int, n: int, kept: torch.Tensor) -> None:
+    """Keep only ``kept`` of the n keys and values (and of a key mask) of one attention call, in place.
+
+    ComfyUI's attention functions take (q, k, v, heads, mask=None, ...): Qwen-Image, Lumina 2 and Ideogram 4 pass
+    the mask by position, the others by keyword.
+    """
+    k, v = (args[1], args[2]) if len(args) >= 3 else (kwargs["k"], kwargs["v"])
+    k, v = k.index_select(seq, kept), v.index_select(seq, kept)
+    if len(args) >= 3:
+        args[1], args[2] = k, v
+    else:
+        kwargs["k"], kwargs["v"] = k, v
+    positional = len(args) >= 5
+    mask = args[4] if positional else kwargs.get("mask")
+    if isinstance(mask, torch.Tensor) and mask.shape[-1] == n:
+        if positional:
+            args[4] = mask.index_select(-1, kept)
+        else:
+            kwargs["mask"] = mask.index_select(-1, kept)
+
+
 class DiTKVPatch(KVPatchState):
     """The state of one patched clone: config, sigma window, block choice and the per-step kept indices."""
 
@@ -138,78 +253,9 @@ class DiTKVPatch(KVPatchState):
             any(s > 1 for s in dit_window(config.ratio, layout.grid, config.sx, config.sy))
 
     def override(self, plan: CallPlan, previous: Optional[Callable]) -> Callable:
-        """The optimized_attention_override for one model call; chains ``previous``.
-
-        The layout: where the family reads a report the model sets for the attention
-        (``transformer_options["grid_sizes"]``/``["img_slice"]``) and the derived layout does not hold under it, the
-        report's (``comfy_reports``); else the derived one. Which block a call belongs to: where the model reports
-        it (Flux, HunyuanVideo set ``block_type``/``block_index`` in transformer_options around each block), from
-        that; elsewhere (MMDiT, Wan, LTX) the self-attentions over the layout come one per block in depth order, so
-        their count in this call is the block index (skipping the blocks the model reports it does not compute,
-        LTX's STG). A key length in ``plan.ambiguous`` (text, another stream) is never taken for self-attention.
-        With ``plan.keep_image`` (SD3.5's MMDiT-X), a self-attention over the grid alone is the image-only
-        ``x_block`` attention that ``_block_mixing`` runs right after its block's joint one, so it belongs to the
-        last counted block and keeps ``keep_image``. A block outside ``blocks_on`` is left alone. Kept indices are
-        built once per layout and key length in the call, never per block.
-        """
-        seen = [0]  # self-attentions over the layout so far in this model call (counted families)
-        derived = (plan.layout, plan.keep, {})  # layout, its kept indices, kept indices per longer key length
-        reported: Dict[Any, Optional[Tuple[TokenLayout, torch.Tensor, Dict[int, torch.Tensor]]]] = {}
-        family, offsets, blocks_on, grid_last = self.family, self.block_offsets, self.blocks_on, self.grid_last
-
-        def layout_of(options: dict) -> Optional[Tuple[TokenLayout, torch.Tensor, Dict[int, torch.Tensor]]]:
-            basis = plan.reports
-            report = host_report(family, options, basis.stale) if basis is not None else None
-            if report is None or agrees(basis, report):
-                return derived
-            if report not in reported:  # once per distinct report in this call
-                layout = reported_layout(basis, report)
-                if layout is None:
-                    self.warn_once(f"report {report[0]}", f"ToMe: {family.name}: the model reports {report[0]}="
-                                   f"{list(report[1])}, which does not hold this call's tokens that keep every key; "
-                                   "such calls are left unreduced.")
-                reducible = layout is not None and self.reducible(layout)
-                reported[report] = (layout, self.keep_for(layout, plan.sigma, plan.keep.device), {}) \
-                    if reducible else None
-            return reported[report]
-
-        def block_of(options: dict, layout: TokenLayout, n: int, full: bool) -> Optional[int]:
-            """Depth index of the block making this self-attention over n keys, None where ToMe leaves it."""
-            kind = options.get("block_type")
-            if n in plan.ambiguous:  # a cross-attention's text (or another stream) of this length looks alike
-                return None
-            if family.reports_blocks and kind in offsets:
-                return offsets[kind] + int(options.get("block_index", 0)) if n >= layout.length else None
-            if plan.keep_image is not None and n == layout.grid_tokens and seen[0] > 0:
-                return seen[0] - 1  # SD3.5's x_block self-attention, after its block's joint attention
-            if not full or family.text == "last" and not family.text_tokens or n != layout.length:
-                # No block report: [image, text] cannot be told from the text refiner's self-attention unless the
-                # table gives the whole text's length (HiDream).
-                return None
-            index, seen[0] = seen[0], seen[0] + 1
-            skipped = options.get(family.skipped_blocks) if family.skipped_blocks else None
-            for block in sorted(set(skipped or ())):  # the index-th block whose self-attention runs
-                if block > index:
-                    break
-                index += 1
-            return index
-
-        def kept_for(layout: TokenLayout, keep: torch.Tensor, longer: Dict[int, torch.Tensor], n: int) -> torch.Tensor:
-            """Kept key indices of a self-attention over n keys; tokens past the layout (or, grid last, before the
-            grid) keep every key. Built once per layout and n in this call."""
-            if n == layout.length and not grid_last:
-                return keep
-            if plan.keep_image is not None and n == layout.grid_tokens and not grid_last:
-                return plan.keep_image
-            kept = longer.get(n)
-            if kept is None:
-                if grid_last:  # every token before the grid (text, references), however many, keeps its key
-                    before = n - layout.grid_tokens
-                    kept = torch.cat([torch.arange(before, device=keep.device), keep + before])
-                else:
-                    kept = torch.cat([keep, torch.arange(layout.length, n, device=keep.device)])
-                longer[n] = kept
-            return kept
+        """The optimized_attention_override for one model call; chains ``previous``. Which keys each
+        self-attention keeps is ``_CallKeys``'s; a block outside ``blocks_on`` is left alone."""
+        keys = _CallKeys(self, plan)
 
         def tome_kv_override(func: Callable, *args: Any, **kwargs: Any) -> Any:
             plan.reached[0] = True
@@ -219,27 +265,9 @@ class DiTKVPatch(KVPatchState):
             n = k.shape[seq] if k is not None and v is not None and v.shape[seq] == k.shape[seq] else -1
             m = q.shape[seq] if q is not None else -1
             options = kwargs.get("transformer_options")
-            options = options if isinstance(options, dict) else {}
-            found = layout_of(options) if n > 0 and (m == n or family.partial_queries and 0 < m < n) else None
-            index = block_of(options, found[0], n, m == n) if found is not None else None
-            kept_index = None
-            if index is not None and (blocks_on is None or (index < len(blocks_on) and blocks_on[index])):
-                kept_index = kept_for(*found, n)
-            if kept_index is not None:
-                k, v = k.index_select(seq, kept_index), v.index_select(seq, kept_index)
-                if len(args) >= 3:
-                    args[1], args[2] = k, v
-                else:
-                    kwargs["k"], kwargs["v"] = k, v
-                # ComfyUI's attention functions take (q, k, v, heads, mask=None, ...): Qwen-Image, Lumina 2 and
-                # Ideogram 4 pass the mask by position, the others by keyword.
-                positional = len(args) >= 5
-                mask = args[4] if positional else kwargs.get("mask")
-                if isinstance(mask, torch.Tensor) and mask.shape[-1] == n:
-                    if positional:
-                        args[4] = mask.index_select(-1, kept_index)
-                    else:
-                        kwargs["mask"] = mask.index_select(-1, kept_index)
+            kept = keys.kept_index(options if isinstance(options, dict) else {}, n, m)
+            if kept is not None:
+                _cut_keys(args, kwargs, seq, n, kept)
                 if not torch.compiler.is_compiling():  # a diagnostic count; in traced code an int guard, a recompile
                     self.reduced_calls += 1
             if previous is not None:

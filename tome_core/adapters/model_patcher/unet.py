@@ -237,75 +237,63 @@ def _call_dtype(executor: Any, x: torch.Tensor) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else x.dtype
 
 
-def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow = SigmaWindow(),
-                 levels: Optional[Dict[int, Level]] = None) -> ComfyPatches:
-    """Build the attention patches for one model; all state lives in these closures.
+class UNetPatchState:
+    """What one patched model's patch functions share (held by their closures, never deep-copied): the
+    merger, the sigma window and the model call in progress.
 
-    One ``TokenMerger`` serves every block, so blocks of a level and cond/uncond chunks evaluated
-    at the same sigma share one random partition (the sigma is the merger's step key).
-    levels: the UNet's attention levels, for the speed check (``levels_of``).
+    One ``TokenMerger`` serves every block, so blocks of a level and cond/uncond chunks evaluated at the
+    same sigma share one random partition (the sigma is the merger's step key).
     """
-    merger = TokenMerger(config, base_downsample, levels)
-    step_sigma = StepSigma()
-    windowed = window != SigmaWindow()
-    tables_key = f"tome_tables_{id(merger):x}"  # one per patched model: two ToMe nodes never share it
-    call_step = [0.0]  # the step key of the model call in progress, set by apply_model_wrapper
 
-    def partner_check(h: torch.Tensor, transformer_options: dict) -> torch.Tensor:
-        # An input_block_patch, for hosts without model wrappers (2024 ComfyUI): it sees the sampler's
-        # transformer_options, patch lists included, after input block 0 and before any attention.
-        if transformer_options.get("block") == ("input", 0):
-            refuse_partner_after(attn1_patches_of(transformer_options), attn1, config)
-        return h
+    def __init__(self, config: ToMeConfig, base_downsample: int, window: SigmaWindow,
+                 levels: Optional[Dict[int, Level]]) -> None:
+        self.config = config
+        self.merger = TokenMerger(config, base_downsample, levels)
+        self.window = window
+        self.windowed = window != SigmaWindow()
+        self.step_sigma = StepSigma()
+        self.tables_key = f"tome_tables_{id(self.merger):x}"  # one per patched model: two ToMe nodes never share it
+        self.call_step = 0.0  # the step key of the model call in progress, set by prepare_call
+        self.own_patch: Optional[Callable] = None  # this model's attn1 patch, for the partner checks
 
-    def step_key_of(sigmas: Any) -> Optional[float]:
+    def step_key_of(self, sigmas: Any) -> Optional[float]:
         """The step's sigma where the window or a random partition depends on it, else None (no read)."""
-        return sigma_value(sigmas) if windowed or merger.needs_step() else None
+        return sigma_value(sigmas) if self.windowed or self.merger.needs_step() else None
 
-    def apply_model_wrapper(executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None,
-                            control: Any = None, transformer_options: Optional[dict] = None, **kwargs: Any) -> Any:
-        # The signature of comfy.model_base.BaseModel.apply_model, whose executor we wrap.
-        options = transformer_options
-        args = (c_concat, c_crossattn, control, transformer_options)
-        if not isinstance(options, dict) or x.dim() != 4:
-            return executor(x, t, *args, **kwargs)
-        refuse_partner_after(attn1_patches_of(options), attn1, config)
-        sigma = step_key_of(t)  # the one host read of this model call
-        if windowed and sigma is not None and not window.contains(sigma):
-            options[tables_key] = _OFF
-        else:
-            # Only the tables go into traced code: a float there would be guarded on (a recompile per step).
-            call_step[0] = 0.0 if sigma is None else sigma
-            options[tables_key] = merger.step_tables((int(x.shape[-2]), int(x.shape[-1])), call_step[0], x.device,
-                                                     int(x.shape[0]), _call_dtype(executor, x))
-        try:
-            return executor(x, t, *args, **kwargs)
-        finally:
-            options.pop(tables_key, None)
+    def prepare_call(self, executor: Any, x: torch.Tensor, t: Any, options: dict) -> None:
+        """Before a model call: refuse a partner registered after ToMe, read the step once, and hand the blocks
+        this call's per-level tables through ``options`` (only tables reach traced code: a float there would
+        be guarded on, a recompile per step)."""
+        refuse_partner_after(attn1_patches_of(options), self.own_patch, self.config)
+        sigma = self.step_key_of(t)  # the one host read of this model call
+        if self.windowed and sigma is not None and not self.window.contains(sigma):
+            options[self.tables_key] = _OFF
+            return
+        self.call_step = 0.0 if sigma is None else sigma
+        options[self.tables_key] = self.merger.step_tables((int(x.shape[-2]), int(x.shape[-1])), self.call_step,
+                                                           x.device, int(x.shape[0]), _call_dtype(executor, x))
 
-    def plan_for(n: torch.Tensor, extra_options: dict) -> TokenPlan:
-        # Shapes first: blocks ToMe leaves alone never look at the sigma (a host sync for a tensor),
-        # and the sigma is read only when the window or a random partition depends on it.
-        shape = extra_options.get("original_shape")
-        hw = _latent_hw(extra_options)
+    def plan_for(self, n: torch.Tensor, extra_options: dict) -> TokenPlan:
+        """The plan of the block whose attention gets ``n``. Shapes first: blocks ToMe leaves alone never look at
+        the sigma (a host sync for a tensor), and the sigma is read only when the window or a random partition
+        depends on it."""
+        merger, shape, hw = self.merger, extra_options.get("original_shape"), _latent_hw(extra_options)
         if hw is None or n.dim() != 3 or n.shape[0] != shape[0]:
             return IDENTITY_PLAN  # no latent size, or an earlier patch regrouped the tokens (HyperTile)
         grid = merger.grid(n, hw)
-        if grid is None:
-            return IDENTITY_PLAN
-        prepared = extra_options.get(tables_key)
-        if prepared is _OFF:
+        prepared = extra_options.get(self.tables_key)
+        if grid is None or prepared is _OFF:
             return IDENTITY_PLAN
         if prepared is not None:
             if grid in prepared:
                 return merger.plan_with(n, grid, prepared[grid])
-            return merger.plan_at(n, grid, step_key=call_step[0], latent_hw=hw)  # a grid no formula predicted
-        sigma = step_sigma(extra_options) if windowed or merger.needs_step() else None
-        if windowed and sigma is not None and not window.contains(sigma):
+            return merger.plan_at(n, grid, step_key=self.call_step, latent_hw=hw)  # a grid no formula predicted
+        sigma = self.step_sigma(extra_options) if self.windowed or merger.needs_step() else None
+        if self.windowed and sigma is not None and not self.window.contains(sigma):
             return IDENTITY_PLAN
         return merger.plan_at(n, grid, step_key=0.0 if sigma is None else sigma, latent_hw=hw)
 
-    def reduce_keys_values(n: torch.Tensor, context: Any, value: Any, extra_options: dict, claim: str) -> tuple:
+    def reduce_keys_values(self, n: torch.Tensor, context: Any, value: Any, extra_options: dict, claim: str) -> tuple:
         """Keys/values only, when an earlier patch regrouped the queries but left the keys/values on the
         latent grid: TomePatchModel (queries merged, same batch) in both modes, HyperTile (queries tiled
         into the batch) in mode kv, where the reduced keys still split evenly over its tiles (attention
@@ -314,62 +302,102 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
                                 and _same_tokens(value, context) and n.shape[0] % context.shape[0] == 0):
             return n, context, value
         tiles = n.shape[0] // context.shape[0]
-        if tiles > 1 and config.mode != "kv":
+        if tiles > 1 and self.config.mode != "kv":
             return n, context, value
-        plan = plan_for(context, extra_options)
+        plan = self.plan_for(context, extra_options)
         if not plan.active:
             return n, context, value
-        reduce = plan.reduce_kv if config.mode == "kv" else plan.merge
+        reduce = plan.reduce_kv if self.config.mode == "kv" else plan.merge
         context_r = reduce(context)
         if tiles > 1 and context_r.shape[1] % tiles:
             return n, context, value
         extra_options[claim] = True
         return n, context_r, context_r if value is context else reduce(value)
 
-    def slot_patches(kind: str) -> Tuple[Callable, Callable]:
-        # The plan of the block being evaluated and the [B, N'] its attention output must have,
-        # handed from ``before`` to ``after`` (called back to back by the same block).
-        pending: list = [IDENTITY_PLAN, None]
-        claim = f"tome_{kind}_merged"
 
-        def before(n, context, value, extra_options):
-            # extra_options is made afresh for each block call and shared by its patches: an earlier
-            # ToMe patch (a second ToMe node upstream) marks the block so that only the first one acts.
-            plan = IDENTITY_PLAN if extra_options.get(claim) else plan_for(n, extra_options)
-            pending[:] = [plan, None]
-            if not plan.active and kind == "attn1" and not extra_options.get(claim):
-                return reduce_keys_values(n, context, value, extra_options, claim)
-            if not plan.active:
-                return n, context, value
-            extra_options[claim] = True
-            if kind == "attn1" and config.mode == "kv":
-                return (n, *_reduced_once(plan.reduce_kv, n, context, value, None))
-            merged = plan.merge(n)  # attn2: only the queries are image tokens
-            if kind == "attn1":
-                context, value = _reduced_once(plan.merge, n, context, value, merged)
-            pending[1] = tuple(merged.shape[:2])
-            return merged, context, value
+def _apply_model_wrapper(state: UNetPatchState) -> Callable:
+    """The APPLY_MODEL wrapper (ComfyUI 0.3.x): ``state.prepare_call`` around each model call."""
+    def apply_model_wrapper(executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None,
+                            control: Any = None, transformer_options: Optional[dict] = None, **kwargs: Any) -> Any:
+        # The signature of comfy.model_base.BaseModel.apply_model, whose executor we wrap.
+        options = transformer_options
+        args = (c_concat, c_crossattn, control, transformer_options)
+        if not isinstance(options, dict) or x.dim() != 4:
+            return executor(x, t, *args, **kwargs)
+        state.prepare_call(executor, x, t, options)
+        try:
+            return executor(x, t, *args, **kwargs)
+        finally:
+            options.pop(state.tables_key, None)
 
-        def after(out, extra_options):
-            (plan, expected), pending[:] = pending, [IDENTITY_PLAN, None]
-            if expected is not None and tuple(out.shape[:2]) != expected:
-                raise RuntimeError(
-                    f"ToMe: the {kind} output has shape {tuple(out.shape)} but ToMe merged the tokens to "
-                    f"{expected}: an attention patch registered after ToMe regroups tokens (e.g. HyperTile). "
-                    "Apply ToMe after that node, or not on the same UNet level."
-                )
-            return plan.unmerge(out)
+    return apply_model_wrapper
 
-        before.__name__, after.__name__ = f"tome_{kind}_patch", f"tome_{kind}_output_patch"
-        return before, after
 
-    attn1, attn1_output = slot_patches("attn1")
-    attn1.tome_merger = merger  # found again on any clone of the patcher (merger_of): clone() copies
-    # model_options deeply but keeps the patch functions themselves
-    patches = ComfyPatches(attn1=attn1, attn1_output=attn1_output, apply_model_wrapper=apply_model_wrapper,
-                           tables_key=tables_key, merger=merger, partner_check=partner_check)
+def _partner_check(state: UNetPatchState) -> Callable:
+    """An input_block_patch, for hosts without model wrappers (2024 ComfyUI): it sees the sampler's
+    transformer_options, patch lists included, after input block 0 and before any attention."""
+    def partner_check(h: torch.Tensor, transformer_options: dict) -> torch.Tensor:
+        if transformer_options.get("block") == ("input", 0):
+            refuse_partner_after(attn1_patches_of(transformer_options), state.own_patch, state.config)
+        return h
+
+    return partner_check
+
+
+def _slot_patches(state: UNetPatchState, kind: str) -> Tuple[Callable, Callable]:
+    """The (patch, output patch) pair of ``kind`` ("attn1" or "attn2"): merge (or reduce) before the attention,
+    unmerge after. The plan of the block being evaluated and the [B, N'] its output must have are handed from
+    ``before`` to ``after`` (called back to back by the same block)."""
+    pending: list = [IDENTITY_PLAN, None]
+    claim, mode = f"tome_{kind}_merged", state.config.mode
+
+    def before(n, context, value, extra_options):
+        # extra_options is made afresh for each block call and shared by its patches: an earlier
+        # ToMe patch (a second ToMe node upstream) marks the block so that only the first one acts.
+        plan = IDENTITY_PLAN if extra_options.get(claim) else state.plan_for(n, extra_options)
+        pending[:] = [plan, None]
+        if not plan.active and kind == "attn1" and not extra_options.get(claim):
+            return state.reduce_keys_values(n, context, value, extra_options, claim)
+        if not plan.active:
+            return n, context, value
+        extra_options[claim] = True
+        if kind == "attn1" and mode == "kv":
+            return (n, *_reduced_once(plan.reduce_kv, n, context, value, None))
+        merged = plan.merge(n)  # attn2: only the queries are image tokens
+        if kind == "attn1":
+            context, value = _reduced_once(plan.merge, n, context, value, merged)
+        pending[1] = tuple(merged.shape[:2])
+        return merged, context, value
+
+    def after(out, extra_options):
+        (plan, expected), pending[:] = pending, [IDENTITY_PLAN, None]
+        if expected is not None and tuple(out.shape[:2]) != expected:
+            raise RuntimeError(
+                f"ToMe: the {kind} output has shape {tuple(out.shape)} but ToMe merged the tokens to "
+                f"{expected}: an attention patch registered after ToMe regroups tokens (e.g. HyperTile). "
+                "Apply ToMe after that node, or not on the same UNet level."
+            )
+        return plan.unmerge(out)
+
+    before.__name__, after.__name__ = f"tome_{kind}_patch", f"tome_{kind}_output_patch"
+    return before, after
+
+
+def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow = SigmaWindow(),
+                 levels: Optional[Dict[int, Level]] = None) -> ComfyPatches:
+    """Build the attention patches for one model: plain functions (ComfyUI deep-copies model_options on
+    clone(), keeping functions as they are) whose closures share one ``UNetPatchState``.
+
+    levels: the UNet's attention levels, for the speed check (``levels_of``).
+    """
+    state = UNetPatchState(config, base_downsample, window, levels)
+    attn1, attn1_output = _slot_patches(state, "attn1")
+    state.own_patch = attn1
+    attn1.tome_merger = state.merger  # found again on any clone of the patcher (merger_of)
+    patches = ComfyPatches(attn1=attn1, attn1_output=attn1_output, apply_model_wrapper=_apply_model_wrapper(state),
+                           tables_key=state.tables_key, merger=state.merger, partner_check=_partner_check(state))
     if config.merge_crossattn and config.mode == "merge":
-        patches.attn2, patches.attn2_output = slot_patches("attn2")
+        patches.attn2, patches.attn2_output = _slot_patches(state, "attn2")
     return patches
 
 
