@@ -10,13 +10,13 @@ from typing import Any, Dict, Optional
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
     from ..tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from ..tome_core.engine.kv import dit_window
+    from ..tome_core.engine.kv import window_for_dims
     from ..tome_core.adapters.model_patcher.dit import block_count, blocks_on, dit_family, patch_dit_model_patcher
     from ..tome_core.adapters.model_patcher.unet import base_downsample_of, merger_of, patch_model_patcher
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from tome_core.engine.kv import dit_window
+    from tome_core.engine.kv import window_for_dims
     from tome_core.adapters.model_patcher.dit import block_count, blocks_on, dit_family, patch_dit_model_patcher
     from tome_core.adapters.model_patcher.unet import base_downsample_of, merger_of, patch_model_patcher
 from .ui_messages import announce_levels
@@ -24,8 +24,9 @@ from .ui_messages import announce_levels
 CATEGORY = "model_patches/unet"
 MAX_SEED = 0xFFFFFFFF
 
-MODEL_INPUT = ("MODEL", {"tooltip": "The model to speed up: a UNet (SD1.x, SD2.x, SDXL), or a DiT (Flux, SD3/3.5, "
-                                    "Wan 2.x) in mode kv. It is not changed: the node returns a patched copy."})
+MODEL_INPUT = ("MODEL", {"tooltip": "The model to speed up: a UNet (SD1.x, SD2.x, SDXL), or a DiT (Flux, Qwen-Image, "
+                                    "Z-Image, Wan, LTX-2 and the other families of the README's list) in mode kv. "
+                                    "It is not changed: the node returns a patched copy."})
 RATIO = ("FLOAT", {
     "default": 0.5, "min": 0.0, "max": 0.75, "step": 0.01,
     "tooltip": "Fraction of image tokens merged away in each patched self-attention. 0.3-0.5 keeps quality "
@@ -87,7 +88,7 @@ SPEED_INPUTS = {
 # Optional for the same reason; their rule block_start < block_end is checked when the node runs.
 BLOCK_INPUTS = {
     "block_start": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 1.0, "step": 0.01, "tooltip":
-                              "DiTs (Flux, SD3, Wan, HunyuanVideo) only: the share of the model's blocks, in depth order "
+                              "DiTs (Flux, Qwen-Image, Wan, LTX-2, ...) only: the share of the model's blocks, in depth order "
                               "(Flux: double, then single blocks), that ToMe reduces starts here (0 = the first "
                               "block). -1 (default) = the model's default: Flux its single blocks (the least "
                               "error per unit of speed-up in our measurements), the others their first block. "
@@ -150,7 +151,7 @@ def validate(spec: Dict[str, tuple], values: Dict[str, Any]):
 def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: Optional[str] = None) -> tuple:
     """The patched clone and the info the frontend extension draws; shared by the V1 and V3 nodes.
 
-    DiTs (Flux, SD3/3.5, Wan, HunyuanVideo) route to the kv patch: the basic node, which has no mode input, uses
+    DiTs (the catalogue's families: Flux, Qwen-Image, Wan, LTX-2, ...) route to the kv patch: the basic node, which has no mode input, uses
     kv there (the only mode a DiT has); the advanced node's mode is honoured, so "merge" is refused
     with the engine's message naming the model and the fix. max_downsample does not apply to DiTs.
     node_id: the node's id, to which the speed check's verdicts are sent when sampling decides them.
@@ -169,10 +170,9 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
         info = dict(config.as_dict(), base_downsample=base_downsample_of(model), model_type=model_type)
         return patched, {"tome": [info]}
     patched = patch_dit_model_patcher(model, config)
-    nominal_grid = (21, 60, 104) if family in ("wan", "hunyuan_video") else (64, 64)  # 480p 81 frames / 1024^2
     count, chosen = block_count(model), blocks_on(model, config)
-    info = dict(config.as_dict(), base_downsample=1, model_type=model_type, family=family,
-                kv_window=list(dit_window(config.ratio, nominal_grid, config.sx, config.sy)),
+    info = dict(config.as_dict(), base_downsample=1, model_type=model_type, family=family.name, title=family.title,
+                kv_window=list(window_for_dims(config.ratio, family.grid_dims, config.sx, config.sy)),
                 blocks=[count if chosen is None else sum(chosen), count])
     return patched, {"tome": [info]}
 
@@ -183,7 +183,7 @@ class ToMe:
     NODE_ID = "TomeCoreToMe"
     DISPLAY_NAME = "ToMe (token merging)"
     DESCRIPTION = ("Token Merging: speeds up SD1.x/SD2.x/SDXL sampling by merging similar image tokens in "
-                   "self-attention, and Flux/SD3/Wan/HunyuanVideo by keeping fewer image keys/values (mode kv); put it "
+                   "self-attention, and transformers (Flux, Qwen-Image, Z-Image, Wan, LTX-2, ...) by keeping fewer image keys/values (mode kv); put it "
                    "between the model loader and the sampler.")
     CATEGORY = CATEGORY
     RETURN_TYPES = ("MODEL",)

@@ -18,7 +18,7 @@ diffusers = pytest.importorskip("diffusers")
 from tome_bench import dit_models  # noqa: E402
 from tome_bench.dit_models import build_dit, dit_config, make_dit_inputs, peaked_attention  # noqa: E402
 
-NEW = ("zimage", "qwen", "ltx2")
+NEW = ("z_image", "qwen_image", "ltx2")
 
 
 def _released_defaults(cls_name: str) -> dict:
@@ -27,7 +27,7 @@ def _released_defaults(cls_name: str) -> dict:
     return {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
 
 
-@pytest.mark.parametrize("family, depth_key", [("zimage", "n_layers"), ("qwen", "num_layers"),
+@pytest.mark.parametrize("family, depth_key", [("z_image", "n_layers"), ("qwen_image", "num_layers"),
                                                ("ltx2", "num_layers")])
 def test_full_configs_are_the_released_ones_with_fewer_blocks(family, depth_key):
     """Every width of the full configuration is the released model's (Z-Image 3840 / 30 heads, Qwen-Image
@@ -41,15 +41,15 @@ def test_full_configs_are_the_released_ones_with_fewer_blocks(family, depth_key)
     differs = {k: (v, released.get(k)) for k, v in cfg.items()
                if k not in (depth_key, "n_refiner_layers") and plain(released.get(k)) != plain(v)}
     assert not differs
-    width = {"zimage": cfg.get("dim"), "qwen": cfg.get("num_attention_heads", 0) * cfg.get("attention_head_dim", 0),
+    width = {"z_image": cfg.get("dim"), "qwen_image": cfg.get("num_attention_heads", 0) * cfg.get("attention_head_dim", 0),
              "ltx2": cfg.get("num_attention_heads", 0) * cfg.get("attention_head_dim", 0)}[family]
-    assert width == {"zimage": 3840, "qwen": 3072, "ltx2": 4096}[family]
+    assert width == {"z_image": 3840, "qwen_image": 3072, "ltx2": 4096}[family]
 
 
 def test_zimage_keeps_its_refiners_in_the_released_proportion():
     """2 noise + 2 caption refiners per 30 layers: none at the bench's 2 blocks, 1 at 8, 2 at full depth."""
-    assert [dit_config("zimage", n)[1]["n_refiner_layers"] for n in (2, 7, 8, 30)] == [0, 0, 1, 2]
-    assert dit_config("zimage", 2, "tiny")[1]["n_refiner_layers"] == 1  # tests run the real layout
+    assert [dit_config("z_image", n)[1]["n_refiner_layers"] for n in (2, 7, 8, 30)] == [0, 0, 1, 2]
+    assert dit_config("z_image", 2, "tiny")[1]["n_refiner_layers"] == 1  # tests run the real layout
 
 
 def test_token_counts_at_the_native_sizes():
@@ -57,12 +57,12 @@ def test_token_counts_at_the_native_sizes():
     / 32 spatially, / 8 in time: 16 x 16 x 24), and the 2048^2-class sizes of the issue's targets."""
     from tome_bench.dit_runner import DEFAULT_SIZES
 
-    assert {f: DEFAULT_SIZES[f] for f in NEW} == {"zimage": (1024, 1024), "qwen": (1328, 1328), "ltx2": (768, 512)}
+    assert {f: DEFAULT_SIZES[f] for f in NEW} == {"z_image": (1024, 1024), "qwen_image": (1328, 1328), "ltx2": (768, 512)}
     token_counts = dit_models.token_counts
-    assert token_counts("zimage", 1024, 1024) == (4096, 128)
-    assert token_counts("zimage", 2048, 2048) == (16384, 128)
-    assert token_counts("qwen", 1328, 1328) == (83 * 83, 128)
-    assert token_counts("qwen", 2656, 2656) == (166 * 166, 128)
+    assert token_counts("z_image", 1024, 1024) == (4096, 128)
+    assert token_counts("z_image", 2048, 2048) == (16384, 128)
+    assert token_counts("qwen_image", 1328, 1328) == (83 * 83, 128)
+    assert token_counts("qwen_image", 2656, 2656) == (166 * 166, 128)
     assert token_counts("ltx2", 512, 768, frames=121) == (16 * 16 * 24, 1024)
     assert dit_models.latent_shape("ltx2", 512, 768, frames=121) == (16, 16, 24)
     assert dit_models.latent_shape("wan", 480, 832, frames=33) == (9, 60, 104)  # unchanged
@@ -75,12 +75,12 @@ def test_inputs_match_the_model_and_the_cfg_pair_shares_latents(family):
     [uncond; cond] pair over the same latents (Z-Image's per-sample list too)."""
     model = build_dit(family, 1, seed=0, scale="tiny")
     inputs = make_dit_inputs(model, family, 2, 128, 256, frames=17, text_tokens=16)
-    latents = inputs["x"] if family == "zimage" else list(inputs["hidden_states"])
+    latents = inputs["x"] if family == "z_image" else list(inputs["hidden_states"])
     assert torch.equal(latents[0], latents[1])
     image, _ = dit_models.token_counts(family, 128, 256, frames=17)
-    grid = {"zimage": lambda: math.prod(latents[0].shape[1:]) // 4, "qwen": lambda: latents[0].shape[0],
+    grid = {"z_image": lambda: math.prod(latents[0].shape[1:]) // 4, "qwen_image": lambda: latents[0].shape[0],
             "ltx2": lambda: latents[0].shape[0]}[family]()
-    assert grid == image == {"zimage": 8 * 16, "qwen": 8 * 16, "ltx2": 3 * 4 * 8}[family]
+    assert grid == image == {"z_image": 8 * 16, "qwen_image": 8 * 16, "ltx2": 3 * 4 * 8}[family]
     out = dit_models.forward(model, inputs)
     assert out.shape[0] == 2 and torch.isfinite(out).all()
 
@@ -104,7 +104,7 @@ class _SelfAttentionLogits(TorchFunctionMode):
 
 # tokens of the reduced attention at 128 px, 16 text tokens, 9 frames: Z-Image 64 image + 16 caption padded to 32;
 # Qwen-Image 16 text + 64 image; LTX-2's video self-attention 2 latent frames x 4 x 4 (audio 9, text 16)
-_REDUCED_LENGTH = {"zimage": 96, "qwen": 80, "ltx2": 32}
+_REDUCED_LENGTH = {"z_image": 96, "qwen_image": 80, "ltx2": 32}
 
 
 @pytest.mark.parametrize("family", NEW)
@@ -115,7 +115,7 @@ def test_peaked_scales_the_reduced_attentions_qk_norms_and_restores(family):
     model = build_dit(family, 1, seed=0, scale="tiny")
     inputs = make_dit_inputs(model, family, 2, 128, 128, frames=9, text_tokens=16)
     scaled = {id(p) for p in dit_models._qk_parameters(model)}
-    assert len(scaled) == {"zimage": 2, "qwen": 4, "ltx2": 2}[family]  # norm_q/k (+ Qwen's text side)
+    assert len(scaled) == {"z_image": 2, "qwen_image": 4, "ltx2": 2}[family]  # norm_q/k (+ Qwen's text side)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with _SelfAttentionLogits(_REDUCED_LENGTH[family]) as spy:
         out = dit_models.forward(model, inputs)
@@ -156,7 +156,7 @@ def test_tiny_run_end_to_end_through_the_runner(family):
     assert cfg.dit and cfg.methods == ("vanilla", "kv")
     rows = run_benchmark(cfg, progress_bar=False, log=lambda text: None)["rows"]
     assert [r["label"] for r in rows] == ["vanilla", "kv r=0.5", "kv r=0.75"]
-    expected = {"zimage": (16, 128, 1, "1+1+1", "distilled"), "qwen": (16, 128, 2, "1", "cfg"),
+    expected = {"z_image": (16, 128, 1, "1+1+1", "distilled"), "qwen_image": (16, 128, 2, "1", "cfg"),
                 "ltx2": (3 * 2 * 2, 1024, 2, "1", "cfg")}[family]  # 64 px; LTX-2: 3 latent frames of 2x2
     for r in rows:
         assert (r["image_tokens"], r["text_tokens"], r["batch"], r["blocks"], r["guided"]) == expected
@@ -167,7 +167,7 @@ def test_tiny_run_end_to_end_through_the_runner(family):
             assert errors == [0.0] * 4 and r["vanilla_drift"] == 0.0
         else:
             assert all(math.isfinite(e) and e > 0 for e in errors), (r["label"], errors)
-        if family == "zimage":
+        if family == "z_image":
             assert r["cfg_err"] == r["rel_err"]  # distilled: the guided error is the output's
         if family == "ltx2":
             assert (r["frames"], r["latent"], r["audio_tokens"]) == (17, "3x2x2", 18)
@@ -176,7 +176,7 @@ def test_tiny_run_end_to_end_through_the_runner(family):
 @pytest.mark.parametrize("argv, message", [
     (["--families", "ltx2", "--frames", "29"], "frames must be 8k + 1 for ltx2"),
     (["--families", "ltx2", "--res", "784x512"], "ltx2 sizes must be multiples of 32 px"),
-    (["--families", "qwen", "--frames", "33"], "--frames is for the video families wan, ltx2, not qwen"),
+    (["--families", "qwen_image", "--frames", "33"], "--frames is for the video families wan, ltx2, not qwen_image"),
 ])
 def test_bad_ltx2_and_frames_input_is_refused(argv, message, capsys):
     from tome_core.__main__ import main
@@ -193,6 +193,7 @@ def test_defaults_parse_for_the_new_families():
     from tome_bench.cli import _configs, build_parser
 
     (cfg,) = _configs(build_parser().parse_args(["--families", "zimage,qwen,ltx2", "--frames", "121"]))
+    assert cfg.families == NEW  # the catalogue's names; the README's commands still say zimage and qwen
     assert cfg.dit and cfg.methods == ("vanilla", "kv") and cfg.frames == 121
     assert [cfg.sizes_for(f) for f in NEW] == [((1024, 1024),), ((1328, 1328),), ((768, 512),)]
     assert [cfg.batch_for(f) for f in NEW] == [1, 2, 2]

@@ -653,7 +653,7 @@ def test_ltx2_projects_only_the_kept_video_tokens_for_keys_and_values(monkeypatc
         cut = run(model, inputs)
         remove_patch(model)
         entry = family_of(model)
-        monkeypatch.setitem(families._BY_CLASS, families.class_path(model),
+        monkeypatch.setitem(families.by_class(), families.class_path(model),
                             dataclasses.replace(entry, key_inputs=None))
         apply_patch(model, ratio=0.5, mode="kv", seed=2)
         whole = run(model, inputs)

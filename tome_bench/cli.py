@@ -17,8 +17,8 @@ share of time lost to other work ('lost %': vanilla's slower rounds, CPU waits);
 overlap, methods share places ('2-3 (tied)'), and when other work took a third of the time or
 more, nothing is ranked ('too noisy: machine busy'): rerun on an idle machine.
 
-DiT families (--families flux, sd3, wan, zimage, qwen, ltx2; not mixed with UNet families in one
-run): vanilla vs mode kv (merge and tomesd exist for UNets only), the real architecture at full
+DiT families (--families flux, sd3, wan, z_image, qwen_image, ltx2, named as in the catalogue;
+zimage and qwen also work; not mixed with UNet families in one run): vanilla vs mode kv (merge and tomesd exist for UNets only), the real architecture at full
 width with --blocks blocks of each kind (full depth does not fit 2 CPU cores; per-block cost and
 the share of time in attention are those of the real model), at their native size unless --res is
 given (Flux, SD3, Z-Image: 1024; Qwen-Image: 1328; Wan: 832x480, --frames 33; LTX-2: 768x512,
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from .device import check_device
 from .methods import DEFAULT_METHODS, DESCRIPTIONS, METHODS
+from .dit_models import FAMILY_ALIASES
 from .dit_runner import DEFAULT_SIZES, DIT_FAMILIES, VIDEO_FAMILIES
 from .models import FAMILIES
 from .runner import ATTENTION_BACKENDS, BenchConfig
@@ -208,6 +209,7 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
     a --gpu-suite part; the command line's --methods and --compile win)."""
     preset = _preset(args)
     families = args.families or families or _csv(str)(preset["families"])
+    families = tuple(FAMILY_ALIASES.get(f, f) for f in families)
     dit = any(f in DIT_FAMILIES for f in families)
     if dit:  # presets' sizes are UNet sizes: DiTs run at their native size unless told (--tiny: 64 px)
         resolutions = args.res or resolutions or (_csv(_size)(preset["res"]) if args.tiny else None)

@@ -1,7 +1,7 @@
 """Which blocks of a DiT tolerate mode "kv" best: the peaked-attention error of each block range.
 
     python -m tome_bench.dit_blocks --families flux,sd3,wan --blocks 4
-    python -m tome_bench.dit_blocks --families zimage,qwen,ltx2 --blocks 4
+    python -m tome_bench.dit_blocks --families z_image,qwen_image,ltx2 --blocks 4
     python -m tome_bench.dit_blocks --families flux --blocks 2 --size 1024x1024 --ratio 0.5,0.75 \
         --ranges 0-1,0.34-1 --seeds 0,1,2
 
@@ -32,8 +32,8 @@ from . import dit_models
 RANGES: Tuple[Tuple[float, float], ...] = ((0.0, 1.0), (0.0, 0.5), (0.5, 1.0), (0.0, 1 / 3), (1 / 3, 2 / 3),
                                           (2 / 3, 1.0))
 # height, width, frames: smaller than native (errors of every range at full width take minutes per family)
-SIZES = {"flux": (512, 512, 1), "sd3": (512, 512, 1), "wan": (480, 832, 9), "zimage": (512, 512, 1),
-         "qwen": (512, 512, 1), "ltx2": (512, 768, 25)}
+SIZES = {"flux": (512, 512, 1), "sd3": (512, 512, 1), "wan": (480, 832, 9), "z_image": (512, 512, 1),
+         "qwen_image": (512, 512, 1), "ltx2": (512, 768, 25)}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 

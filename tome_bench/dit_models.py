@@ -19,19 +19,20 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-DIT_FAMILIES = ("flux", "sd3", "wan", "zimage", "qwen", "ltx2")
+DIT_FAMILIES = ("flux", "sd3", "wan", "z_image", "qwen_image", "ltx2")  # the catalogue's names (tested)
+FAMILY_ALIASES = {"zimage": "z_image", "qwen": "qwen_image"}  # the names of earlier releases, still taken
 VIDEO_FAMILIES = ("wan", "ltx2")  # the ones --frames applies to
 # Text tokens: T5 padded to 512 (Flux, Wan); CLIP 77 + T5 256 (SD3); Z-Image (Qwen3) and Qwen-Image
 # (Qwen2.5-VL) pass the prompt's own tokens, unpadded: 128 stands for a detailed prompt; LTX-2's Gemma
 # prompt is padded to 1024 (its cross-attention only: never in the reduced self-attention).
-TEXT_TOKENS = {"flux": 512, "sd3": 333, "wan": 512, "zimage": 128, "qwen": 128, "ltx2": 1024}
+TEXT_TOKENS = {"flux": 512, "sd3": 333, "wan": 512, "z_image": 128, "qwen_image": 128, "ltx2": 1024}
 DIT_SCALES = ("full", "tiny")
 # Blocks of the released models, for the report: Flux.1 19 double + 38 single, SD3.5 medium 24, Wan 2.1 1.3B
 # 30, Z-Image 30 (+ 2 noise and 2 caption refiners), Qwen-Image 60, LTX-2 48.
-REAL_DEPTH = {"flux": "19+38", "sd3": "24", "wan": "30", "zimage": "30+2+2", "qwen": "60", "ltx2": "48"}
+REAL_DEPTH = {"flux": "19+38", "sd3": "24", "wan": "30", "z_image": "30+2+2", "qwen_image": "60", "ltx2": "48"}
 # Batch of one forward: 2 = [uncond; cond] CFG (SD3, Wan, Qwen-Image's true CFG, LTX-2's pipeline guidance
 # 3); Flux is guidance-distilled and Z-Image-Turbo runs at CFG 1 (ComfyUI's template, diffusers' guidance 0).
-DEFAULT_BATCH = {"flux": 1, "zimage": 1}
+DEFAULT_BATCH = {"flux": 1, "z_image": 1}
 # VAE compression (frames, pixels per latent): Wan 4 and 8, LTX-2 8 and 32; the images 8.
 _VAE = {"wan": (4, 8), "ltx2": (8, 32)}
 PATCH = {"ltx2": 1}  # latent cells per token side; the others 2 (Flux and Qwen-Image: 2x2 packing)
@@ -73,13 +74,13 @@ def dit_config(family: str, blocks: int = 2, scale: str = "full") -> Tuple[str, 
                     rope_max_seq_len=64) if tiny else
                dict(num_attention_heads=12, attention_head_dim=128, text_dim=4096, freq_dim=256, ffn_dim=8960,
                     rope_max_seq_len=1024)))
-    if family == "zimage":  # Z-Image(-Turbo) 6B; refiners in the released proportion, 2 per 30 layers
+    if family == "z_image":  # Z-Image(-Turbo) 6B; refiners in the released proportion, 2 per 30 layers
         refiners = refiner_layers(blocks, scale)
         return "ZImageTransformer2DModel", dict(
             in_channels=16, n_layers=blocks, n_refiner_layers=refiners, axes_lens=[1024, 512, 512],
             **(dict(dim=32, n_heads=2, n_kv_heads=2, cap_feat_dim=32, axes_dims=[8, 4, 4]) if tiny else
                dict(dim=3840, n_heads=30, n_kv_heads=30, cap_feat_dim=2560, axes_dims=[32, 48, 48])))
-    if family == "qwen":  # Qwen-Image (2512 and the edit models: the same transformer)
+    if family == "qwen_image":  # Qwen-Image (2512 and the edit models: the same transformer)
         return "QwenImageTransformer2DModel", dict(
             patch_size=2, in_channels=64, out_channels=16, num_layers=blocks, guidance_embeds=False,
             **(dict(attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6))
@@ -199,7 +200,7 @@ def audio_tokens(frames: int, fps: float = 24.0) -> int:
 
 def distilled(family: str, batch: int) -> bool:
     """Whether the output is the prediction itself (no CFG pair): Flux always; Z-Image at an odd batch (Turbo)."""
-    return family == "flux" or (family == "zimage" and batch % 2 == 1)
+    return family == "flux" or (family == "z_image" and batch % 2 == 1)
 
 
 def token_counts(family: str, height_px: int, width_px: int, frames: int = 1,
@@ -223,7 +224,7 @@ def make_dit_inputs(model: torch.nn.Module, family: str, batch: int, height_px: 
     gen = torch.Generator().manual_seed(seed)
     pair = batch % 2 == 0 and family != "flux"
     n = batch // 2 if pair else batch
-    text_dim = {"wan": "text_dim", "zimage": "cap_feat_dim", "ltx2": "caption_channels"}.get(
+    text_dim = {"wan": "text_dim", "z_image": "cap_feat_dim", "ltx2": "caption_channels"}.get(
         family, "joint_attention_dim")
     text = torch.randn(batch, TEXT_TOKENS[family] if text_tokens is None else text_tokens, getattr(cfg, text_dim),
                        generator=gen, dtype=torch.float32)
@@ -307,8 +308,8 @@ def _ltx2_inputs(cfg, gen, n, text, latent, frames):
                 num_frames=f, height=h, width=w, fps=24.0, audio_num_frames=audio)
 
 
-_INPUTS = {"flux": _flux_inputs, "sd3": _sd3_inputs, "wan": _wan_inputs, "zimage": _zimage_inputs,
-           "qwen": _qwen_inputs, "ltx2": _ltx2_inputs}
+_INPUTS = {"flux": _flux_inputs, "sd3": _sd3_inputs, "wan": _wan_inputs, "z_image": _zimage_inputs,
+           "qwen_image": _qwen_inputs, "ltx2": _ltx2_inputs}
 
 
 def forward(model: torch.nn.Module, inputs: dict) -> torch.Tensor:

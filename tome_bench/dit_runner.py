@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from tome_core.catalogue.families import BY_NAME
+
 from . import dit_models, measure
 from .family import Case
 
@@ -24,9 +26,9 @@ DIT_METHODS = ("vanilla", "kv")
 _NOT_FOR_DITS = "DiTs (Flux, SD3, Wan, Z-Image, Qwen-Image, LTX-2) take mode kv (nearest picks) only"
 SKIPPED = {"merge": f"merges tokens through UNet transformer blocks; {_NOT_FOR_DITS}",
            "tomesd": f"patches UNets only; {_NOT_FOR_DITS}"}
-# native sizes (width, height): Qwen-Image's 1:1 is 1328 px, LTX-2's default 768x512 (frames: --frames)
-DEFAULT_SIZES = {"flux": (1024, 1024), "sd3": (1024, 1024), "wan": (832, 480), "zimage": (1024, 1024),
-                 "qwen": (1328, 1328), "ltx2": (768, 512)}
+# native sizes (width, height) from the catalogue (tome_core/catalogue/families.py): Qwen-Image's 1:1 is 1328 px,
+# LTX-2's default 768x512 (frames: --frames)
+DEFAULT_SIZES = {name: BY_NAME[name].native_px for name in DIT_FAMILIES}
 DEFAULT_BATCH = dit_models.DEFAULT_BATCH  # Flux, Z-Image-Turbo: 1 (no CFG pair); the others [uncond; cond]
 
 
@@ -67,7 +69,7 @@ def blocks_text(family: str, blocks: int, scale: str = "full") -> str:
     its layers, then its noise + caption refiners where the depth has any (``dit_models.refiner_layers``)."""
     if family == "flux":
         return f"{blocks}+{2 * blocks}"
-    refiners = dit_models.refiner_layers(blocks, scale) if family == "zimage" else 0
+    refiners = dit_models.refiner_layers(blocks, scale) if family == "z_image" else 0
     return f"{blocks}+{refiners}+{refiners}" if refiners else str(blocks)
 
 

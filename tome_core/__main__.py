@@ -5,10 +5,10 @@ HELP = """\
 usage: python -m tome_core <command> [options]
 
 tome_core: Token Merging (ToMe) for diffusion models -- the portable engine (torch only) behind
-the ComfyUI nodes and the WebUI extension. It reaches:
-  UNets            Stable Diffusion SD1.x, SD2.x and SDXL: mode "merge" (merge tokens through the
-                   transformer blocks) or mode "kv" (attend to fewer keys/values)
-  transformers     Flux, SD3 / SD3.5 (MMDiT), Wan and HunyuanVideo: mode "kv"
+the ComfyUI nodes and the WebUI extension. It reaches (tome_core/catalogue/families.py):
+{unets}
+{diffusers}
+{comfy}
 
 commands:
   bench        benchmark vanilla vs tome_core's merge/kv modes vs tomesd (UNets) or vanilla vs
@@ -29,6 +29,23 @@ use it in a host (see README.md):
 """
 
 
+def help_text() -> str:
+    """The overview, its supported models read from the catalogue."""
+    import textwrap
+
+    from .catalogue.families import UNET_FAMILIES, titles
+
+    def wrap(head: str, text: str) -> str:
+        return textwrap.fill(text, 100, initial_indent=f"  {head:<17}", subsequent_indent=" " * 19,
+                             break_on_hyphens=False)
+
+    return HELP.format(
+        unets=wrap("UNets", f"{', '.join(UNET_FAMILIES)}: mode \"merge\" (merge tokens through the transformer "
+                            "blocks) or mode \"kv\" (attend to fewer keys/values)"),
+        diffusers=wrap("DiTs, diffusers", f"mode \"kv\": {titles('diffusers')}"),
+        comfy=wrap("DiTs, ComfyUI", f"mode \"kv\": {titles('comfy')}"))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Dispatch ``bench``; print the overview for --help (exit 0) or no/unknown command (exit 2)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -37,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     if argv and argv[0] in ("-h", "--help", "help"):
-        print(HELP)
+        print(help_text())
         return 0
-    print(HELP, file=sys.stderr)
+    print(help_text(), file=sys.stderr)
     if argv:
         print(f"python -m tome_core: error: unknown command {argv[0]!r} (choose: bench)",
               file=sys.stderr)

@@ -434,13 +434,13 @@ def test_every_attention_backend_comfyui_can_select_gets_the_shortened_keys(comf
     so ToMe's override reaches it, and it computes exactly the attention over the kept keys/values."""
     import comfy.ldm.modules.attention as attention
     from tome_core.adapters.model_patcher.dit import CallPlan, DiTKVPatch
-    from tome_core.catalogue.comfy_dits import FAMILIES
+    from tome_core.catalogue.comfy_dits import binding_named
     from tome_core.engine.grid import TokenLayout
     from tome_core.engine.schedule import SigmaWindow
 
     function = getattr(attention, backend)
     layout = TokenLayout((4, 5), prefix=3)
-    state = DiTKVPatch(ToMeConfig(ratio=0.5, mode="kv"), window=SigmaWindow(high=1.0, low=0.0), family=FAMILIES["flux"],
+    state = DiTKVPatch(ToMeConfig(ratio=0.5, mode="kv"), window=SigmaWindow(high=1.0, low=0.0), family=binding_named("flux"),
                        block_offsets={"double": 0})
     keep = state.keep_for(layout, 0.5, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)

@@ -1,18 +1,19 @@
-"""The ComfyUI DiTs mode "kv" reaches, as data: one ``ComfyFamily`` entry per model family (no comfy import).
+"""How ComfyUI runs a DiT family: the ``ComfyDiT`` binding of a catalogue entry, and finding one (no comfy import).
 
 Classes are matched by module and class name (``comfy.ldm.aura.mmdit.MMDiT``, AuraFlow, is not SD3's
-``comfy.ldm.modules.diffusionmodules.mmdit.MMDiT``). Each entry says where the text sits in the joint
+``comfy.ldm.modules.diffusionmodules.mmdit.MMDiT``). A binding says where the text sits in the joint
 attention, its block lists in run order with the block type the model reports for them, which the
-default range reduces, where the patch size is, and which tokens besides text keep every key.
-``comfy_layout`` reads a call's layout through it, ``comfy_reports`` the layout the host reports, and
-``comfy_dit`` only routes through them. ComfyUI schedules by sigma (its model_sampling maps
-percent to sigma), so no timestep scale is needed here.
+default range reduces, where the patch size is, and which tokens besides text keep every key. The
+bindings are written in the catalogue's entries (``families.py``); the ComfyUI adapter's layout and
+reports read a call through them. ComfyUI schedules by sigma (its model_sampling maps percent to
+sigma), so no timestep scale is needed here.
 """
 from __future__ import annotations
 
 import importlib
 import inspect
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple, Union
 
 from ..engine.blocks import default_start as block_default_start
@@ -49,7 +50,7 @@ class Appended:
 
 
 @dataclass(frozen=True)
-class ComfyFamily:
+class ComfyDiT:
     """How one family of ComfyUI DiT classes lays out its attention sequence and orders its blocks.
 
     classes: "module.Class" of the diffusion models (``comfy.ldm...``).
@@ -138,120 +139,24 @@ class ComfyFamily:
                              f"'first' or 'last'), got reports_blocks={self.reports_blocks}, text={self.text!r}.")
 
 
-_DIFFUSIONMODULES = "comfy.ldm.modules.diffusionmodules."
-_DOUBLE_SINGLE = (ComfyBlocks("double_blocks", "double"), ComfyBlocks("single_blocks", "single"))
-_TIME_CONCAT = Appended("time_dim_concat", in_time=True)
-_WAN_APPENDED = (_TIME_CONCAT, Appended("reference_latent", place="before", padded=False, requires="ref_conv"))
+DIFFUSIONMODULES = "comfy.ldm.modules.diffusionmodules."
+DOUBLE_SINGLE = (ComfyBlocks("double_blocks", "double"), ComfyBlocks("single_blocks", "single"))
+TIME_CONCAT = Appended("time_dim_concat", in_time=True)
+WAN_APPENDED = (TIME_CONCAT, Appended("reference_latent", place="before", padded=False, requires="ref_conv"))
 # Every Wan class: its i2v cross-attention's CLIP image tokens; 2026-08 classes that patch one latent report its grid.
-_WAN_HOST: Dict[str, Any] = dict(cross_keys=("clip_fea",), host_reports=("grid_sizes",))
+WAN_HOST: Dict[str, Any] = dict(cross_keys=("clip_fea",), host_reports=("grid_sizes",))
 
-TABLE: Tuple[ComfyFamily, ...] = (
-    # Flux.1, Flux.2 (same class, other parameters) and Kontext; measured: the single blocks by default.
-    ComfyFamily("flux", ("comfy.ldm.flux.model.Flux",), "first",
-                (ComfyBlocks("double_blocks", "double", default=False), ComfyBlocks("single_blocks", "single")),
-                reports_blocks=True, host_reports=("img_slice",)),
-    # Chroma and Chroma Radiance (pixel space, its patch embedding a conv): Flux's double/single blocks,
-    # [text, image], blocks reported; every block by default (not measured apart, as in diffusers' Chroma).
-    ComfyFamily("chroma", ("comfy.ldm.chroma.model.Chroma", "comfy.ldm.chroma_radiance.model.ChromaRadiance"),
-                "first", _DOUBLE_SINGLE, reports_blocks=True, host_reports=("img_slice",)),
-    # Krea 2 (2026-08 ComfyUIs): single-stream [text, image, references] blocks, reported; the text-fusion stack
-    # sees the text alone. Its Wan 2.1-format latent [B, C, 1, H, W] is one image.
-    ComfyFamily("krea2", ("comfy.ldm.krea2.model.SingleStreamDiT",), "first", (ComfyBlocks("blocks", "single"),),
-                reports_blocks=True, patch="patch", image_frames=True, host_reports=("img_slice",)),
-    # JoyImage (Edit) (2026-08 ComfyUIs): [video/image, reference latents, text], blocks reported.
-    ComfyFamily("joyimage", ("comfy.ldm.joyimage.model.JoyImageTransformer3DModel",), "last",
-                (ComfyBlocks("double_blocks", "double"),), reports_blocks=True),
-    # Mage-Flow (2026-08 ComfyUIs): Qwen-Image's blocks, [text, image, references], patch 1, blocks reported.
-    ComfyFamily("mage_flow", ("comfy.ldm.mage_flow.model.MageFlowTransformer2DModel",), "first",
-                (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True),
-    ComfyFamily("qwen_image", ("comfy.ldm.qwen_image.model.QwenImageTransformer2DModel",), "first",
-                (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, image_frames=True),
-    ComfyFamily("sd3", (_DIFFUSIONMODULES + "mmdit.OpenAISignatureMMDITWrapper", _DIFFUSIONMODULES + "mmdit.MMDiT"),
-                "first", (ComfyBlocks("joint_blocks", "joint"),)),  # _block_mixing concatenates [context, x]
-    # Wan: VACE runs its vace_blocks between the main ones (reporting the main block's index), so its depth order is
-    # the order of the calls: counted. time_dim_concat (Phantom's subject images) adds whole frames after the video; a
-    # model with a ref_conv (Wan 2.2 Fun) puts its reference image's tokens before it. WanDancer (2026-08): WanModel's
-    # layout; its music encoder's and music injector's attentions are called without transformer_options.
-    ComfyFamily("wan", ("comfy.ldm.wan.model.WanModel", "comfy.ldm.wan.model.VaceWanModel",
-                        "comfy.ldm.wan.model.CameraWanModel", "comfy.ldm.wan.model_wandancer.WanDancerModel"),
-                "separate", (ComfyBlocks("blocks", "blocks"), ComfyBlocks("vace_blocks", "vace")),
-                appended=_WAN_APPENDED, **_WAN_HOST),
-    # HuMo: its reference latent's frames follow the video in the sequence; the audio cross-attention keeps all.
-    ComfyFamily("wan_humo", ("comfy.ldm.wan.model.HumoWanModel",), "separate", (ComfyBlocks("blocks", "blocks"),),
-                appended=(_TIME_CONCAT, Appended("reference_latent", padded=False)), **_WAN_HOST),
-    # Wan 2.2 Animate: the latent's first frame is the reference (character) image; the face adapter's
-    # attention is not reduced.
-    ComfyFamily("wan_animate", ("comfy.ldm.wan.model_animate.AnimateWanModel",), "separate",
-                (ComfyBlocks("blocks", "blocks"),), appended=_WAN_APPENDED, reference_frames=1, **_WAN_HOST),
-    # Wan 2.2 S2V (2026-08: its blocks get transformer_options and report themselves): the video grid, then its
-    # reference image's and packed motion frames' tokens, kept whole whatever their number; its audio injector's
-    # attention is called without transformer_options.
-    ComfyFamily("wan_s2v", ("comfy.ldm.wan.model.WanModel_S2V",), "separate", (ComfyBlocks("blocks", "double"),),
-                reports_blocks=True, appended=(_TIME_CONCAT,), **_WAN_HOST,
-                blocks_reached_by=("forward_orig", "transformer_options=transformer_options")),
-    # SCAIL / SCAIL-2 (2026-08): reference frames concatenated before the video in time (inside the reported grid),
-    # pose tokens after the grid (kept whole); blocks reported.
-    ComfyFamily("wan_scail", ("comfy.ldm.wan.model.SCAILWanModel", "comfy.ldm.wan.model.SCAIL2WanModel"), "separate",
-                (ComfyBlocks("blocks", "double"),), reports_blocks=True,
-                appended=(_TIME_CONCAT, Appended("reference_latent", place="before", in_time=True)), **_WAN_HOST),
-    # HunyuanVideo (and 1.5, HunyuanImage 2.1: same class): [image, text]; its text grows inside the model
-    # (byT5, vision tokens), so the tokens after the grid are kept whole, whatever their number. ComfyUI 0.13+
-    # dropped DoubleStreamBlock's flipped_img_txt and runs [text, reference, image]: the grid ends the sequence.
-    ComfyFamily("hunyuan_video", ("comfy.ldm.hunyuan_video.model.HunyuanVideo",), "last", _DOUBLE_SINGLE,
-                reports_blocks=True, grid_last_without=("comfy.ldm.flux.layers.DoubleStreamBlock", "flipped_img_txt"),
-                host_reports=("img_slice",)),
-    # Ideogram 4 (2026-08 ComfyUIs): one stream [text, image], or the image alone in a call without text; its
-    # 128-channel latent is already packed 2x2, so a latent cell is a token. No block reports: counted.
-    ComfyFamily("ideogram4", ("comfy.ldm.ideogram4.model.Ideogram4Transformer2DModel",), "first",
-                (ComfyBlocks("layers", "layers"),), patch=1, text_optional=True),
-    # Lens (2026-08 ComfyUIs): [image, text] joint attention, blocks reported; its latent comes packed (Flux.2's
-    # 128 channels): one latent cell is one token. The text (and its mask) after the grid keeps every key.
-    ComfyFamily("lens", ("comfy.ldm.lens.model.LensTransformer2DModel",), "last",
-                (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, patch=1),
-    # Anima (2026-08 ComfyUIs; Cosmos Predict 2's MiniTrainDIT with an LLM adapter for its text): self-attention over
-    # the (t, h, w) grid alone, cross-attention to the text; its latent is padded to the patch. Cosmos Predict 2
-    # itself (video-to-world conditioning frames inside the grid) is not in the table.
-    ComfyFamily("anima", ("comfy.ldm.anima.model.Anima",), "separate", (ComfyBlocks("blocks", "blocks"),),
-                patch=("patch_temporal", "patch_spatial", "patch_spatial")),
-    # OmniGen2: refiners over the text, the reference latents and the image alone (other lengths: never reduced),
-    # then main layers over [text, reference latents (each padded to the patch), image]; no block reports: counted.
-    ComfyFamily("omnigen2", ("comfy.ldm.omnigen.omnigen2.OmniGen2Transformer2DModel",), "first",
-                (ComfyBlocks("layers", "layers"),), appended=(Appended("ref_latents", place="before"),)),
-    # Lumina 2 and Z-Image: [caption (+ padding), image (+ padding)] in the main layers; the refiners see
-    # the caption or the image alone (other lengths: never reduced).
-    ComfyFamily("lumina2", ("comfy.ldm.lumina.model.NextDiT",), "first", (ComfyBlocks("layers", "layers"),),
-                pad_multiple="pad_tokens_multiple", unknown_with=("ref_latents", "siglip_feats")),
-    # HiDream I1: [image, text] in double and single blocks, no block reports in 0.3.75 nor 2026-08: the joint
-    # attentions are counted by their length. E1's image_cond widens every token row (concatenated along the
-    # width): its sequence is longer than this layout, so such a call is never reduced.
-    ComfyFamily("hidream", ("comfy.ldm.hidream.model.HiDreamImageTransformer2DModel",), "last",
-                (ComfyBlocks("double_stream_blocks", "double"), ComfyBlocks("single_stream_blocks", "single")),
-                text_tokens=(("c_crossattn", 1, 1), ("encoder_hidden_states_llama3", 2, 2))),
-    # HiDream O1 (2026-08): a Qwen3-VL decoder over [text (input_ids, reference-image ViT tokens spliced in), image
-    # (32 x 32 pixel patches), reference-image patches], layers reported. Its causal text runs outside ComfyUI's
-    # attention; the generation queries (from the last text token on) attend every key, and with its key/value cache
-    # only the fresh queries run: fewer queries than keys.
-    ComfyFamily("hidream_o1", ("comfy.ldm.hidream_o1.model.HiDreamO1Transformer",), "first",
-                (ComfyBlocks("language_model.layers", "double"),), reports_blocks=True,
-                text_tokens=(("input_ids", 1, 1),), partial_queries=True),
-    # Kandinsky 5 (2026-08 ComfyUIs): text blocks over the text alone, then visual blocks (self-attention over
-    # the grid, counted; cross-attention to the text).
-    ComfyFamily("kandinsky5", ("comfy.ldm.kandinsky5.model.Kandinsky5",), "separate",
-                (ComfyBlocks("visual_transformer_blocks", "visual"),), replaced_frames="time_dim_replace"),
-    ComfyFamily("ltxv", ("comfy.ldm.lightricks.model.LTXVModel",), "separate",
-                (ComfyBlocks("transformer_blocks", "transformer"),), patch="patchifier.patch_size",
-                conditioning="keyframe_idxs"),
-    # LTX-2 (2026 ComfyUIs): LTXV's video blocks with an audio stream beside them. Only the video self-attention
-    # (queries and keys over the video) is reduced; the audio self-attention, the text cross-attentions and the
-    # audio<->video cross-attentions (queries of one stream, keys of the other) keep every key.
-    ComfyFamily("ltxav", ("comfy.ldm.lightricks.av_model.LTXAVModel",), "separate",
-                (ComfyBlocks("transformer_blocks", "transformer"),), patch="patchifier.patch_size",
-                conditioning="keyframe_idxs", streams="latent_shapes", stream_prefix="ref_audio",
-                skipped_blocks="stg_self_attn_blocks"),
-)
+@lru_cache(maxsize=None)
+def _tables() -> Tuple[Tuple["ComfyDiT", ...], Dict[str, "ComfyDiT"], Dict[str, "ComfyDiT"]]:
+    """Every ComfyUI binding of the catalogue, by name and by "module.Class" (built on first use)."""
+    from .families import CATALOGUE
 
-FAMILIES: Dict[str, ComfyFamily] = {family.name: family for family in TABLE}
-_BY_CLASS: Dict[str, ComfyFamily] = {cls: family for family in TABLE for cls in family.classes}
+    table = tuple(binding for family in CATALOGUE for binding in family.comfy)
+    return table, {b.name: b for b in table}, {cls: b for b in table for cls in b.classes}
+
+
+def binding_named(name: str) -> "ComfyDiT":
+    return _tables()[1][name]
 
 
 def base_model(diffusion_model: Any) -> Any:
@@ -259,10 +164,10 @@ def base_model(diffusion_model: Any) -> Any:
     return getattr(diffusion_model, "_orig_mod", diffusion_model)
 
 
-def family_of(diffusion_model: Any) -> Optional[ComfyFamily]:
+def family_of(diffusion_model: Any) -> Optional[ComfyDiT]:
     """The table entry of a diffusion model's class (module and class name), else None."""
     cls = type(base_model(diffusion_model))
-    return _BY_CLASS.get(f"{cls.__module__}.{cls.__qualname__}")
+    return _tables()[2].get(f"{cls.__module__}.{cls.__qualname__}")
 
 
 def grid_last(diffusion_model: Any) -> bool:
@@ -299,11 +204,10 @@ def unreached(diffusion_model: Any) -> Optional[str]:
 
 
 def supported_names() -> str:
-    return ("Flux.1/Flux.2/Kontext/LongCat-Image, Chroma/Chroma Radiance, Qwen-Image (+ Edit), SD3/SD3.5 (MMDiT), "
-            "Wan 2.x (WanModel, VACE, Camera, HuMo, Animate, S2V, SCAIL/SCAIL-2, WanDancer), HiDream I1/O1, "
-            "Kandinsky 5, Krea 2, JoyImage, Mage-Flow, "
-            "HunyuanVideo/1.5/HunyuanImage 2.1, Lumina 2/Z-Image (NextDiT), LTX-Video (LTXV), LTX-2 (LTXAV), "
-            "Ideogram 4, Lens, Anima, OmniGen2")
+    """The catalogue's families that have a ComfyUI binding, by title (for refusals)."""
+    from .families import CATALOGUE
+
+    return ", ".join(family.title for family in CATALOGUE if family.comfy)
 
 
 def attr_path(obj: Any, path: str) -> Any:

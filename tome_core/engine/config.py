@@ -157,7 +157,7 @@ def require_all_blocks(config: ToMeConfig, model_name: str) -> None:
     """UNets have no block range (max_downsample picks their levels): refuse one rather than ignore it."""
     if config.block_range() != (0.0, 1.0):
         raise ValueError(
-            f"ToMe: block_start/block_end choose a share of a DiT's blocks (Flux, SD3, Wan, HunyuanVideo); {model_name} is a "
+            f"ToMe: block_start/block_end choose a share of a DiT's blocks (Flux, Qwen-Image, Wan, LTX-2, ...); {model_name} is a "
             "UNet, whose levels max_downsample chooses: set block_start=0.0 and block_end=1.0."
         )
 

@@ -34,6 +34,12 @@ def dit_window(ratio: float, grid: Sequence[int], sx: int = 2, sy: int = 2, st: 
                                          win[0] * win[1] * win[2], win[0], abs(win[1] - win[2]), -win[2]))
 
 
+def window_for_dims(ratio: float, dims: int, sx: int = 2, sy: int = 2) -> Tuple[int, ...]:
+    """``dit_window`` on a 2-D (image) or 3-D (video) grid larger than any window: what a family's calls
+    get at any practical size, before a call says how large its grid is (for display)."""
+    return dit_window(ratio, (1 << 20,) * dims, sx, sy)
+
+
 def pick_index_nd(grid: Sequence[int], window: Sequence[int], generator: Optional[torch.Generator] = None,
                   device: torch.device | str = "cpu") -> torch.Tensor:
     """Raster indices of one token per window of an N-d grid: [prod(ceil(n_i / w_i))], sorted.

@@ -41,7 +41,7 @@ def apply_patch(
         (what the WebUI holds), or an LDM-style UNet.
     The first nine arguments mean what they mean in tomesd (see ``ToMeConfig``), except that
     ``max_downsample`` counts from the model's first attention level, so SDXL is merged too.
-    DiTs (tome_core.catalogue.diffusers_dits.TABLE: Flux.1/.2, Chroma, Qwen-Image, SD3/3.5, Wan, HunyuanVideo, Lumina 2,
+    DiTs (the catalogue, tome_core.catalogue.families: Flux.1/.2, Chroma, Qwen-Image, SD3/3.5, Wan, HunyuanVideo, Lumina 2,
     Z-Image, LTX-Video, LTX-2) take mode "kv" only; block_start/block_end pick the share of their
     blocks, in depth order, that is reduced (block_start None: the model's default, on Flux its single
     blocks); UNets refuse a range (max_downsample picks their levels).

@@ -1,4 +1,4 @@
-"""Mode "kv" on diffusers DiTs (the families of ``families.TABLE``) through per-module hooks; no diffusers import.
+"""Mode "kv" on diffusers DiTs (the catalogue's diffusers bindings) through per-module hooks; no diffusers import.
 
 Where to act: these models apply RoPE and concatenate text with image tokens *inside* their
 attention processors, so the only point that sees the final (rotated, concatenated) keys is the
@@ -20,7 +20,7 @@ from ...engine.blocks import chosen_blocks
 from ...engine.config import ToMeConfig, require_dit_config
 from ...engine.schedule import timestep_value
 from .unet import not_compiled
-from ...catalogue.diffusers_dits import FAMILIES, KeyInputs, family_of, find_dit, supported_classes, unsupported_dit
+from ...catalogue.diffusers_dits import KeyInputs, family_of, find_dit, supported_classes, unsupported_dit
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
 from ...engine.kv_state import KVPatchState
@@ -232,5 +232,5 @@ def uninstall(model: torch.nn.Module) -> None:
             handle.remove()
 
 
-__all__ = ["FAMILIES", "STATE_ATTR", "check_config", "find_dit", "install", "supported_classes", "uninstall",
+__all__ = ["STATE_ATTR", "check_config", "find_dit", "install", "supported_classes", "uninstall",
            "unsupported_dit", "DiTState"]

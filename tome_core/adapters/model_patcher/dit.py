@@ -1,4 +1,4 @@
-"""Mode "kv" on ComfyUI's DiTs (the families of ``comfy_families.TABLE``) through its public patch API; no comfy import.
+"""Mode "kv" on ComfyUI's DiTs (the catalogue's ComfyUI bindings) through its public patch API; no comfy import.
 
 Two host mechanisms, both per patched clone: an APPLY_MODEL wrapper (``add_wrapper_with_key``,
 chained by ComfyUI itself) reads the latent and text shapes and the sigma of each model call, and
@@ -19,10 +19,11 @@ import torch
 from ...engine.config import ToMeConfig, require_dit_config
 from ...engine.blocks import chosen_blocks
 from ...engine.schedule import SigmaWindow, sigma_value
-from ...catalogue.comfy_dits import (ComfyFamily, base_model, block_offsets, default_start, family_of, grid_last,
+from ...catalogue.comfy_dits import (ComfyDiT, base_model, block_offsets, default_start, family_of, grid_last,
                                     supported_names, unreached)
 from .layout import ambiguous_lengths, token_layout
 from .reports import ReportBasis, agrees, host_report, report_basis, reported_layout
+from ...catalogue.families import ModelFamily, family_of_binding
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
 from ...engine.kv_state import KVPatchState
@@ -36,7 +37,7 @@ def _diffusion_model(patcher: Any) -> Any:
     return getattr(model, "diffusion_model", None)
 
 
-def _family_entry(diffusion_model: Any) -> Optional[ComfyFamily]:
+def _family_entry(diffusion_model: Any) -> Optional[ComfyDiT]:
     """Table entry of a diffusion model, seen through torch.compile's OptimizedModule.
 
     TorchCompileModel's APPLY_MODEL wrapper swaps ``diffusion_model`` for the compiled module while
@@ -45,10 +46,10 @@ def _family_entry(diffusion_model: Any) -> Optional[ComfyFamily]:
     return family_of(diffusion_model)
 
 
-def dit_family(patcher: Any) -> Optional[str]:
-    """The family (a ``comfy_families.FAMILIES`` name: "flux", "sd3", "wan", ...) of the patcher's model, or None."""
+def dit_family(patcher: Any) -> Optional[ModelFamily]:
+    """The catalogue entry of the patcher's model ("flux", "sd3", "wan", "ltx2", ...), or None."""
     entry = _family_entry(_diffusion_model(patcher))
-    return entry.name if entry else None
+    return family_of_binding(entry) if entry else None
 
 
 def _host_has_override() -> bool:
@@ -234,7 +235,7 @@ def _cut_keys(args: list, kwargs: dict, seq: int, n: int, kept: torch.Tensor) ->
 class DiTKVPatch(KVPatchState):
     """The state of one patched clone: config, sigma window, block choice and the per-step kept indices."""
 
-    def __init__(self, config: ToMeConfig, window: SigmaWindow, family: ComfyFamily,
+    def __init__(self, config: ToMeConfig, window: SigmaWindow, family: ComfyDiT,
                  blocks: Optional[Tuple[bool, ...]] = None, block_offsets: Optional[Dict[str, int]] = None,
                  image_only_attention: bool = False, grid_last: bool = False) -> None:
         super().__init__(config)

@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ...catalogue.comfy_dits import ComfyFamily, attr_path, base_model, family_of, grid_last
+from ...catalogue.comfy_dits import ComfyDiT, attr_path, base_model, family_of, grid_last
 from ...engine.grid import TokenLayout
 
 
@@ -42,7 +42,7 @@ def token_grid(diffusion_model: Any, latent: torch.Tensor, padded: bool = True) 
     return tuple(size(n / p) for n, p in zip(latent.shape[2:], patch))
 
 
-def _appended(diffusion_model: Any, entry: ComfyFamily, extra: Dict[str, Any],
+def _appended(diffusion_model: Any, entry: ComfyDiT, extra: Dict[str, Any],
               frames: bool = False) -> Optional[Tuple[int, int]]:
     """(before, after): the tokens the call's appended latents add before and after the grid, or with ``frames``
     the frames the ``in_time`` ones add to the grid the host reports; None where one of them cannot be patched as
@@ -62,7 +62,7 @@ def _appended(diffusion_model: Any, entry: ComfyFamily, extra: Dict[str, Any],
     return counts["before"], counts["after"]
 
 
-def _leading_frames(diffusion_model: Any, entry: ComfyFamily, extra: Dict[str, Any]) -> Optional[int]:
+def _leading_frames(diffusion_model: Any, entry: ComfyDiT, extra: Dict[str, Any]) -> Optional[int]:
     """Leading latent frames of the call's own latent that keep every key: the table's reference frames plus those
     the call's ``replaced_frames`` latent writes over; None where that latent cannot be patched."""
     latent = extra.get(entry.replaced_frames) if entry.replaced_frames else None
@@ -132,7 +132,7 @@ def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.
     return TokenLayout(grid, prefix=prefix, suffix=_padding(math.prod(grid), multiple) + appended[1])
 
 
-def _separate_layout(diffusion_model: Any, entry: ComfyFamily, grid: Tuple[int, ...],
+def _separate_layout(diffusion_model: Any, entry: ComfyDiT, grid: Tuple[int, ...],
                      extra: Dict[str, Any]) -> Optional[TokenLayout]:
     """Layout of a self-attention over image/video tokens alone (text "separate"): the grid less its leading kept
     frames, the appended latents' tokens before and after it, or LTXV's guide frames after the video."""

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from ...catalogue.comfy_dits import ComfyFamily, family_of, grid_last
+from ...catalogue.comfy_dits import ComfyDiT, family_of, grid_last
 from .layout import kept_frames
 from ...engine.grid import TokenLayout
 
@@ -55,7 +55,7 @@ def report_basis(diffusion_model: Any, layout: TokenLayout, extra: Dict[str, Any
                        tuple(options.get(key) for key in entry.host_reports), expected)
 
 
-def host_report(entry: ComfyFamily, options: Dict[str, Any], stale: Tuple[Any, ...]) -> Optional[Report]:
+def host_report(entry: ComfyDiT, options: Dict[str, Any], stale: Tuple[Any, ...]) -> Optional[Report]:
     """The report the model set for this attention call: (key, values), hashable; None where it set none. Values
     that are not plain ints (a tensor would cost a host synchronisation per block) are not read."""
     for key, old in zip(entry.host_reports, stale):

@@ -1,0 +1,59 @@
+"""The one catalogue of model families: its shape, and that what is derived from it agrees with it."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tome_core.catalogue import comfy_dits, diffusers_dits
+from tome_core.catalogue.families import BY_NAME, CATALOGUE, family_of_binding, markdown_list, titles
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_one_entry_per_family_and_every_binding_in_exactly_one():
+    names = [family.name for family in CATALOGUE]
+    assert len(names) == len(set(names)) and all(re.fullmatch(r"[a-z0-9_]+", n) for n in names)
+    for host in ("diffusers", "comfy"):
+        bindings = [binding for family in CATALOGUE for binding in getattr(family, host)]
+        assert len({b.name for b in bindings}) == len(bindings), host  # one binding name per host
+        classes = [cls for b in bindings for cls in b.classes]
+        assert len(classes) == len(set(classes)), host  # a class is bound once
+        assert all(family_of_binding(b).name for b in bindings)
+    assert all(family.diffusers or family.comfy for family in CATALOGUE)
+    assert all(family.grid_dims in (2, 3) for family in CATALOGUE)
+
+
+def test_the_hosts_lookups_read_the_catalogue():
+    assert diffusers_dits.bindings() == tuple(b for f in CATALOGUE for b in f.diffusers)
+    assert comfy_dits.binding_named("ltx2") in BY_NAME["ltx2"].comfy  # one name: was "ltxav" in ComfyUI's table
+    assert comfy_dits.binding_named("ltx_video") in BY_NAME["ltx_video"].comfy  # was "ltxv"
+    listed = comfy_dits.supported_names()
+    assert all((family.title in listed) == bool(family.comfy) for family in CATALOGUE)
+
+
+def test_the_readme_list_is_the_catalogues():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- catalogue: .*? -->\n(.*?)<!-- /catalogue -->", readme, re.S)
+    assert block and block.group(1) == markdown_list(), "regenerate: python -c 'from tome_core.catalogue.families " \
+                                                        "import markdown_list; print(markdown_list())'"
+
+
+def test_the_help_text_names_every_family():
+    shown = subprocess.run([sys.executable, "-m", "tome_core", "--help"], cwd=REPO, capture_output=True, text=True,
+                           timeout=60).stdout
+    flat = " ".join(shown.split())
+    for family in CATALOGUE:
+        assert family.title in flat, family.title
+    assert titles("diffusers") in flat and titles("comfy") in flat
+
+
+def test_the_benchmarks_families_are_catalogue_families():
+    from tome_bench.dit_models import DIT_FAMILIES, FAMILY_ALIASES
+    from tome_bench.dit_runner import DEFAULT_SIZES
+
+    for name in DIT_FAMILIES:
+        assert BY_NAME[name].diffusers, name  # the benchmark builds diffusers models
+        assert DEFAULT_SIZES[name] == BY_NAME[name].native_px
+    assert set(FAMILY_ALIASES.values()) <= set(DIT_FAMILIES)

@@ -1,0 +1,414 @@
+"""The catalogue of model families: one entry per family, one name, and how each host runs it.
+
+An entry (``ModelFamily``) holds what users call the family, the shape of its token grid, the size it
+is made for, and its bindings: the diffusers classes (``DiffusersDiT``: token layout, blocks, timestep
+scale, kept tokens) and the ComfyUI classes (``ComfyDiT``: layout, block reports, patch size, kept
+tokens) it runs as, each matched by module *and* class name. A host with no binding refuses the model,
+naming it. Everything else is derived from here: the adapters' class lookups, the refusals' lists of
+what is supported, ``python -m tome_core --help``, the README's supported list (``markdown_list``, checked
+by a test), the ComfyUI node's display and the benchmark's family names. Adding a family is one entry
+here (plus its tests). The UNet families (SD1.x, SD2.x, SDXL) are found by their module tree instead
+(``unets.py``) and need no binding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+from . import token_readers as readers
+from .comfy_dits import (DIFFUSIONMODULES, TIME_CONCAT, WAN_APPENDED, WAN_HOST, Appended, ComfyBlocks, ComfyDiT)
+from .comfy_dits import DOUBLE_SINGLE as COMFY_DOUBLE_SINGLE
+from .diffusers_dits import FLUX_BLOCKS, TRANSFORMERS, BlockList, DiffusersDiT, KeyInputs, Timestep
+from .diffusers_dits import DOUBLE_SINGLE as DIFFUSERS_DOUBLE_SINGLE
+
+UNET_FAMILIES = ("SD1.x", "SD2.x", "SDXL (and SSD-1B, Playground v2, ...)")
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One transformer (DiT) family.
+
+    name: its one name everywhere (messages, the ComfyUI node, the benchmark); title: what users call it.
+    grid_dims: 2 (images) or 3 (frames x height x width): the shape of the token grid mode kv reduces.
+    native_px: (width, height) the family is made for, where the benchmark runs it, else None.
+    diffusers, comfy: the host classes of the family, as bindings; empty where that host has none.
+    """
+
+    name: str
+    title: str
+    grid_dims: int = 2
+    native_px: Optional[Tuple[int, int]] = None
+    diffusers: Tuple[DiffusersDiT, ...] = ()
+    comfy: Tuple[ComfyDiT, ...] = ()
+
+
+CATALOGUE: Tuple[ModelFamily, ...] = (
+    ModelFamily(
+        'flux', 'Flux (Flux.1 with Kontext and Krea, Flux.2, LongCat-Image)', grid_dims=2, native_px=(1024, 1024),
+        diffusers=(
+            DiffusersDiT("flux", (TRANSFORMERS + "transformer_flux.FluxTransformer2DModel",), "first", FLUX_BLOCKS,
+                         readers.flux_ids(4), Timestep(3, "timestep", 1.0)),
+            DiffusersDiT("flux2", (TRANSFORMERS + "transformer_flux2.Flux2Transformer2DModel",), "first",
+                         DIFFUSERS_DOUBLE_SINGLE,
+                         readers.flux2_tokens, Timestep(2, "timestep", 1.0)),
+            # LongCat-Image (and its edit model): Flux-like double/single blocks, [text, image, reference]; its
+            # transformer multiplies the timestep by 1000 itself.
+            DiffusersDiT("longcat_image",
+                         (TRANSFORMERS + "transformer_longcat_image.LongCatImageTransformer2DModel",), "first",
+                         DIFFUSERS_DOUBLE_SINGLE, readers.longcat_tokens, Timestep(2, "timestep", 1.0)),
+        ),
+        comfy=(
+            # Flux.1, Flux.2 (same class, other parameters) and Kontext; measured: the single blocks by default.
+            ComfyDiT("flux", ("comfy.ldm.flux.model.Flux",), "first",
+                     (ComfyBlocks("double_blocks", "double", default=False), ComfyBlocks("single_blocks", "single")),
+                     reports_blocks=True, host_reports=("img_slice",)),
+        ),
+    ),
+    ModelFamily(
+        'chroma', 'Chroma / Chroma Radiance', grid_dims=2, native_px=(1024, 1024),
+        diffusers=(
+            DiffusersDiT("chroma", (TRANSFORMERS + "transformer_chroma.ChromaTransformer2DModel",), "first",
+                         DIFFUSERS_DOUBLE_SINGLE,
+                         readers.flux_ids(3), Timestep(2, "timestep", 1.0)),
+        ),
+        comfy=(
+            # Chroma and Chroma Radiance (pixel space, its patch embedding a conv): Flux's double/single blocks,
+            # [text, image], blocks reported; every block by default (not measured apart, as in diffusers' Chroma).
+            ComfyDiT("chroma", ("comfy.ldm.chroma.model.Chroma", "comfy.ldm.chroma_radiance.model.ChromaRadiance"),
+                     "first", COMFY_DOUBLE_SINGLE, reports_blocks=True, host_reports=("img_slice",)),
+        ),
+    ),
+    ModelFamily(
+        'qwen_image', 'Qwen-Image (2512, Edit 2509/2511)', grid_dims=2, native_px=(1328, 1328),
+        diffusers=(
+            DiffusersDiT("qwen_image", (TRANSFORMERS + "transformer_qwenimage.QwenImageTransformer2DModel",), "first",
+                         (BlockList("transformer_blocks", (("attn", "joint"),)),), readers.qwen_tokens, Timestep(3,
+                         "timestep", 1.0)),
+        ),
+        comfy=(
+            ComfyDiT("qwen_image", ("comfy.ldm.qwen_image.model.QwenImageTransformer2DModel",), "first",
+                     (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, image_frames=True),
+        ),
+    ),
+    ModelFamily(
+        'mage_flow', 'Mage-Flow', grid_dims=2,
+        comfy=(
+            # Mage-Flow (2026-08 ComfyUIs): Qwen-Image's blocks, [text, image, references], patch 1, blocks reported.
+            ComfyDiT("mage_flow", ("comfy.ldm.mage_flow.model.MageFlowTransformer2DModel",), "first",
+                     (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True),
+        ),
+    ),
+    ModelFamily(
+        'sd3', 'SD3 / SD3.5', grid_dims=2, native_px=(1024, 1024),
+        diffusers=(
+            DiffusersDiT("sd3", (TRANSFORMERS + "transformer_sd3.SD3Transformer2DModel",), "last",
+                         (BlockList("transformer_blocks", (("attn", "joint"), ("attn2", "image"))),),
+                          # attn2: SD3.5, image only
+                         readers.sd3_tokens, Timestep(3, "timestep", 1000.0)),
+        ),
+        comfy=(
+            ComfyDiT("sd3", (DIFFUSIONMODULES + "mmdit.OpenAISignatureMMDITWrapper",
+                     DIFFUSIONMODULES + "mmdit.MMDiT"),
+                     "first", (ComfyBlocks("joint_blocks", "joint"),)),  # _block_mixing concatenates [context, x]
+        ),
+    ),
+    ModelFamily(
+        'z_image', 'Z-Image / Lumina 2', grid_dims=2, native_px=(1024, 1024),
+        diffusers=(
+            # Lumina 2 and Z-Image: the refiners see the caption or the image alone; the main layers the joint
+            # sequence.
+            DiffusersDiT("lumina2", (TRANSFORMERS + "transformer_lumina2.Lumina2Transformer2DModel",), "first",
+                         (BlockList("layers", (("attn", "joint"),)),), readers.lumina2_tokens,
+                         Timestep(1, "timestep", 1.0, rising=True)),
+            DiffusersDiT("z_image", (TRANSFORMERS + "transformer_z_image.ZImageTransformer2DModel",), "last",
+                         (BlockList("layers", (("attention", "joint"),)),), readers.z_image_tokens,
+                         Timestep(1, "t", 1.0, rising=True)),
+        ),
+        comfy=(
+            # Lumina 2 and Z-Image: [caption (+ padding), image (+ padding)] in the main layers; the refiners see
+            # the caption or the image alone (other lengths: never reduced).
+            ComfyDiT("lumina2", ("comfy.ldm.lumina.model.NextDiT",), "first", (ComfyBlocks("layers", "layers"),),
+                     pad_multiple="pad_tokens_multiple", unknown_with=("ref_latents", "siglip_feats")),
+        ),
+    ),
+    ModelFamily(
+        'wan', 'Wan 2.x (t2v, i2v, flf2v, ti2v, Fun, Phantom, VACE, Animate, HuMo, S2V, SCAIL, WanDancer)',
+        grid_dims=3, native_px=(832, 480),
+        diffusers=(
+            DiffusersDiT("wan", (TRANSFORMERS + "transformer_wan.WanTransformer3DModel",), "separate",
+                         (BlockList("blocks", (("attn1", "image"),)),), readers.wan_tokens, Timestep(1, "timestep",
+                         1000.0)),
+            # VACE runs all its vace_blocks (the control video over the same grid) before the main blocks.
+            DiffusersDiT("wan_vace", (TRANSFORMERS + "transformer_wan_vace.WanVACETransformer3DModel",), "separate",
+                         (BlockList("vace_blocks", (("attn1", "image"),)), BlockList("blocks", (("attn1",
+                         "image"),))),
+                         readers.wan_tokens, Timestep(1, "timestep", 1000.0)),
+            DiffusersDiT("wan_animate", (TRANSFORMERS + "transformer_wan_animate.WanAnimateTransformer3DModel",),
+                         "separate",
+                         (BlockList("blocks", (("attn1", "joint"),)),), readers.wan_animate_tokens,
+                          # joint: [reference frame, grid]
+                         Timestep(1, "timestep", 1000.0)),
+        ),
+        comfy=(
+            # Wan: VACE runs its vace_blocks between the main ones (reporting the main block's index), so its depth
+            # order is the order of the calls: counted. time_dim_concat (Phantom's subject images) adds whole frames
+            # after the video; a model with a ref_conv (Wan 2.2 Fun) puts its reference image's tokens before it.
+            # WanDancer (2026-08): WanModel's layout; its music encoder's and music injector's attentions are called
+            # without transformer_options.
+            ComfyDiT("wan", ("comfy.ldm.wan.model.WanModel", "comfy.ldm.wan.model.VaceWanModel",
+                                "comfy.ldm.wan.model.CameraWanModel", "comfy.ldm.wan.model_wandancer.WanDancerModel"),
+                     "separate", (ComfyBlocks("blocks", "blocks"), ComfyBlocks("vace_blocks", "vace")),
+                     appended=WAN_APPENDED, **WAN_HOST),
+            # HuMo: its reference latent's frames follow the video in the sequence; the audio cross-attention keeps
+            # all.
+            ComfyDiT("wan_humo", ("comfy.ldm.wan.model.HumoWanModel",), "separate", (ComfyBlocks("blocks",
+                     "blocks"),),
+                     appended=(TIME_CONCAT, Appended("reference_latent", padded=False)), **WAN_HOST),
+            # Wan 2.2 Animate: the latent's first frame is the reference (character) image; the face adapter's
+            # attention is not reduced.
+            ComfyDiT("wan_animate", ("comfy.ldm.wan.model_animate.AnimateWanModel",), "separate",
+                     (ComfyBlocks("blocks", "blocks"),), appended=WAN_APPENDED, reference_frames=1, **WAN_HOST),
+            # Wan 2.2 S2V (2026-08: its blocks get transformer_options and report themselves): the video grid, then
+            # its reference image's and packed motion frames' tokens, kept whole whatever their number; its audio
+            # injector's attention is called without transformer_options.
+            ComfyDiT("wan_s2v", ("comfy.ldm.wan.model.WanModel_S2V",), "separate", (ComfyBlocks("blocks", "double"),),
+                     reports_blocks=True, appended=(TIME_CONCAT,), **WAN_HOST,
+                     blocks_reached_by=("forward_orig", "transformer_options=transformer_options")),
+            # SCAIL / SCAIL-2 (2026-08): reference frames concatenated before the video in time (inside the reported
+            # grid), pose tokens after the grid (kept whole); blocks reported.
+            ComfyDiT("wan_scail", ("comfy.ldm.wan.model.SCAILWanModel", "comfy.ldm.wan.model.SCAIL2WanModel"),
+                     "separate",
+                     (ComfyBlocks("blocks", "double"),), reports_blocks=True,
+                     appended=(TIME_CONCAT, Appended("reference_latent", place="before", in_time=True)), **WAN_HOST),
+        ),
+    ),
+    ModelFamily(
+        'hunyuan_video', 'HunyuanVideo (1.0, 1.5, HunyuanImage 2.1)', grid_dims=3,
+        diffusers=(
+            DiffusersDiT("hunyuan_video",
+                         (TRANSFORMERS + "transformer_hunyuan_video.HunyuanVideoTransformer3DModel",), "last",
+                         DIFFUSERS_DOUBLE_SINGLE, readers.hunyuan_video_tokens, Timestep(1, "timestep", 1000.0)),
+            DiffusersDiT("hunyuan_video15",
+                         (TRANSFORMERS + "transformer_hunyuan_video15.HunyuanVideo15Transformer3DModel",),
+                         "last", (BlockList("transformer_blocks", (("attn", "joint"),)),),
+                         readers.hunyuan_video15_tokens,
+                         Timestep(1, "timestep", 1000.0)),
+            DiffusersDiT("hunyuan_image",
+                         (TRANSFORMERS + "transformer_hunyuanimage.HunyuanImageTransformer2DModel",), "last",
+                         DIFFUSERS_DOUBLE_SINGLE, readers.hunyuan_image_tokens, Timestep(1, "timestep", 1000.0)),
+        ),
+        comfy=(
+            # HunyuanVideo (and 1.5, HunyuanImage 2.1: same class): [image, text]; its text grows inside the model
+            # (byT5, vision tokens), so the tokens after the grid are kept whole, whatever their number. ComfyUI 0.13+
+            # dropped DoubleStreamBlock's flipped_img_txt and runs [text, reference, image]: the grid ends the
+            # sequence.
+            ComfyDiT("hunyuan_video", ("comfy.ldm.hunyuan_video.model.HunyuanVideo",), "last", COMFY_DOUBLE_SINGLE,
+                     reports_blocks=True, grid_last_without=("comfy.ldm.flux.layers.DoubleStreamBlock",
+                     "flipped_img_txt"),
+                     host_reports=("img_slice",)),
+        ),
+    ),
+    ModelFamily(
+        'ltx_video', 'LTX-Video (0.9)', grid_dims=3,
+        diffusers=(
+            DiffusersDiT("ltx_video", (TRANSFORMERS + "transformer_ltx.LTXVideoTransformer3DModel",), "separate",
+                         (BlockList("transformer_blocks", (("attn1", "image"),)),), readers.ltx_grid(4),
+                         Timestep(2, "timestep", 1000.0)),
+        ),
+        comfy=(
+            ComfyDiT("ltx_video", ("comfy.ldm.lightricks.model.LTXVModel",), "separate",
+                     (ComfyBlocks("transformer_blocks", "transformer"),), patch="patchifier.patch_size",
+                     conditioning="keyframe_idxs"),
+        ),
+    ),
+    ModelFamily(
+        'ltx2', 'LTX-2', grid_dims=3, native_px=(768, 512),
+        diffusers=(
+            # LTX-2: the video self-attention only; the audio self-attention and the audio-video cross-attentions
+            # keep every key (not hooked). Its attention takes the keys' source and RoPE apart from the queries': the
+            # kept tokens are projected alone.
+            DiffusersDiT("ltx2", (TRANSFORMERS + "transformer_ltx2.LTX2VideoTransformer3DModel",), "separate",
+                         (BlockList("transformer_blocks", (("attn1", "image"),)),), readers.ltx_grid(10),
+                         Timestep(4, "timestep", 1000.0),
+                         KeyInputs("encoder_hidden_states", "key_rotary_emb", "query_rotary_emb",
+                             ("hidden_states", "encoder_hidden_states", "query_rotary_emb", "key_rotary_emb",
+                              "attention_mask"))),
+        ),
+        comfy=(
+            # LTX-2 (2026 ComfyUIs): LTXV's video blocks with an audio stream beside them. Only the video
+            # self-attention (queries and keys over the video) is reduced; the audio self-attention, the text
+            # cross-attentions and the audio<->video cross-attentions (queries of one stream, keys of the other) keep
+            # every key.
+            ComfyDiT("ltx2", ("comfy.ldm.lightricks.av_model.LTXAVModel",), "separate",
+                     (ComfyBlocks("transformer_blocks", "transformer"),), patch="patchifier.patch_size",
+                     conditioning="keyframe_idxs", streams="latent_shapes", stream_prefix="ref_audio",
+                     skipped_blocks="stg_self_attn_blocks"),
+        ),
+    ),
+    ModelFamily(
+        'hidream', 'HiDream (I1, E1, O1)', grid_dims=2,
+        diffusers=(
+            # HiDream I1 (Full/Dev/Fast): each block is wrapped (HiDreamBlock.block); [image, text] in both lists.
+            DiffusersDiT("hidream", (TRANSFORMERS + "transformer_hidream_image.HiDreamImageTransformer2DModel",),
+                         "last",
+                         (BlockList("double_stream_blocks", (("block.attn1", "joint"),)),
+                    BlockList("single_stream_blocks", (("block.attn1", "joint"),))), readers.hidream_tokens,
+                         Timestep(1, "timesteps", 1000.0)),
+        ),
+        comfy=(
+            # HiDream I1: [image, text] in double and single blocks, no block reports in 0.3.75 nor 2026-08: the joint
+            # attentions are counted by their length. E1's image_cond widens every token row (concatenated along the
+            # width): its sequence is longer than this layout, so such a call is never reduced.
+            ComfyDiT("hidream", ("comfy.ldm.hidream.model.HiDreamImageTransformer2DModel",), "last",
+                     (ComfyBlocks("double_stream_blocks", "double"), ComfyBlocks("single_stream_blocks", "single")),
+                     text_tokens=(("c_crossattn", 1, 1), ("encoder_hidden_states_llama3", 2, 2))),
+            # HiDream O1 (2026-08): a Qwen3-VL decoder over [text (input_ids, reference-image ViT tokens spliced in),
+            # image (32 x 32 pixel patches), reference-image patches], layers reported. Its causal text runs outside
+            # ComfyUI's attention; the generation queries (from the last text token on) attend every key, and with its
+            # key/value cache only the fresh queries run: fewer queries than keys.
+            ComfyDiT("hidream_o1", ("comfy.ldm.hidream_o1.model.HiDreamO1Transformer",), "first",
+                     (ComfyBlocks("language_model.layers", "double"),), reports_blocks=True,
+                     text_tokens=(("input_ids", 1, 1),), partial_queries=True),
+        ),
+    ),
+    ModelFamily(
+        'kandinsky5', 'Kandinsky 5 (image, video)', grid_dims=3,
+        diffusers=(
+            # Kandinsky 5: its text blocks see the text alone (never hooked); the visual blocks' self-attention the
+            # grid.
+            DiffusersDiT("kandinsky5", (TRANSFORMERS + "transformer_kandinsky.Kandinsky5Transformer3DModel",),
+                         "separate",
+                         (BlockList("visual_transformer_blocks", (("self_attention", "image"),)),),
+                         readers.kandinsky5_tokens,
+                         Timestep(2, "timestep", 1000.0)),
+        ),
+        comfy=(
+            # Kandinsky 5 (2026-08 ComfyUIs): text blocks over the text alone, then visual blocks (self-attention over
+            # the grid, counted; cross-attention to the text).
+            ComfyDiT("kandinsky5", ("comfy.ldm.kandinsky5.model.Kandinsky5",), "separate",
+                     (ComfyBlocks("visual_transformer_blocks", "visual"),), replaced_frames="time_dim_replace"),
+        ),
+    ),
+    ModelFamily(
+        'krea2', 'Krea 2', grid_dims=2,
+        diffusers=(
+            # Krea 2: single-stream [text, image] blocks after a text-fusion stack that sees the text alone (not
+            # hooked).
+            DiffusersDiT("krea2", (TRANSFORMERS + "transformer_krea2.Krea2Transformer2DModel",), "first",
+                         (BlockList("transformer_blocks", (("attn", "joint"),)),), readers.krea2_tokens,
+                         Timestep(2, "timestep", 1.0)),
+        ),
+        comfy=(
+            # Krea 2 (2026-08 ComfyUIs): single-stream [text, image, references] blocks, reported; the text-fusion
+            # stack sees the text alone. Its Wan 2.1-format latent [B, C, 1, H, W] is one image.
+            ComfyDiT("krea2", ("comfy.ldm.krea2.model.SingleStreamDiT",), "first", (ComfyBlocks("blocks", "single"),),
+                     reports_blocks=True, patch="patch", image_frames=True, host_reports=("img_slice",)),
+        ),
+    ),
+    ModelFamily(
+        'ideogram4', 'Ideogram 4', grid_dims=2,
+        diffusers=(
+            # Ideogram 4: its model time rises 0 (noise) -> 1 (clean).
+            DiffusersDiT("ideogram4", (TRANSFORMERS + "transformer_ideogram4.Ideogram4Transformer2DModel",), "first",
+                         (BlockList("layers", (("attention", "joint"),)),), readers.ideogram4_tokens,
+                         Timestep(1, "timestep", 1.0, rising=True)),
+        ),
+        comfy=(
+            # Ideogram 4 (2026-08 ComfyUIs): one stream [text, image], or the image alone in a call without text; its
+            # 128-channel latent is already packed 2x2, so a latent cell is a token. No block reports: counted.
+            ComfyDiT("ideogram4", ("comfy.ldm.ideogram4.model.Ideogram4Transformer2DModel",), "first",
+                     (ComfyBlocks("layers", "layers"),), patch=1, text_optional=True),
+        ),
+    ),
+    ModelFamily(
+        'ernie_image', 'ERNIE-Image', grid_dims=2,
+        diffusers=(
+            DiffusersDiT("ernie_image", (TRANSFORMERS + "transformer_ernie_image.ErnieImageTransformer2DModel",),
+                         "last",
+                         (BlockList("layers", (("self_attention", "joint"),)),), readers.ernie_image_tokens,
+                         Timestep(1, "timestep", 1000.0)),
+        ),
+    ),
+    ModelFamily(
+        'joyimage', 'JoyImage Edit', grid_dims=2,
+        diffusers=(
+            DiffusersDiT("joyimage", (TRANSFORMERS + "transformer_joyimage.JoyImageEditTransformer3DModel",), "last",
+                         (BlockList("double_blocks", (("attn", "joint"),)),), readers.joyimage_tokens,
+                         Timestep(1, "timestep", 1000.0)),
+        ),
+        comfy=(
+            # JoyImage (Edit) (2026-08 ComfyUIs): [video/image, reference latents, text], blocks reported.
+            ComfyDiT("joyimage", ("comfy.ldm.joyimage.model.JoyImageTransformer3DModel",), "last",
+                     (ComfyBlocks("double_blocks", "double"),), reports_blocks=True),
+        ),
+    ),
+    ModelFamily(
+        'lens', 'Lens', grid_dims=2,
+        comfy=(
+            # Lens (2026-08 ComfyUIs): [image, text] joint attention, blocks reported; its latent comes packed
+            # (Flux.2's 128 channels): one latent cell is one token. The text (and its mask) after the grid keeps
+            # every key.
+            ComfyDiT("lens", ("comfy.ldm.lens.model.LensTransformer2DModel",), "last",
+                     (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, patch=1),
+        ),
+    ),
+    ModelFamily(
+        'anima', 'Anima', grid_dims=3,
+        comfy=(
+            # Anima (2026-08 ComfyUIs; Cosmos Predict 2's MiniTrainDIT with an LLM adapter for its text):
+            # self-attention over the (t, h, w) grid alone, cross-attention to the text; its latent is padded to the
+            # patch. Cosmos Predict 2 itself (video-to-world conditioning frames inside the grid) is not in the table.
+            ComfyDiT("anima", ("comfy.ldm.anima.model.Anima",), "separate", (ComfyBlocks("blocks", "blocks"),),
+                     patch=("patch_temporal", "patch_spatial", "patch_spatial")),
+        ),
+    ),
+    ModelFamily(
+        'omnigen2', 'OmniGen2', grid_dims=2,
+        comfy=(
+            # OmniGen2: refiners over the text, the reference latents and the image alone (other lengths: never
+            # reduced), then main layers over [text, reference latents (each padded to the patch), image]; no block
+            # reports: counted.
+            ComfyDiT("omnigen2", ("comfy.ldm.omnigen.omnigen2.OmniGen2Transformer2DModel",), "first",
+                     (ComfyBlocks("layers", "layers"),), appended=(Appended("ref_latents", place="before"),)),
+        ),
+    ),
+    ModelFamily(
+        'cogvideox', 'CogVideoX', grid_dims=3,
+        diffusers=(
+            DiffusersDiT("cogvideox", (TRANSFORMERS + "cogvideox_transformer_3d.CogVideoXTransformer3DModel",),
+                         "first",
+                         (BlockList("transformer_blocks", (("attn1", "joint"),)),), readers.cogvideox_tokens,
+                         Timestep(2, "timestep", 1000.0)),
+        ),
+    ),
+    ModelFamily(
+        'mochi', 'Mochi', grid_dims=3,
+        diffusers=(
+            # Mochi's pipeline passes reversed timesteps (rising 0 -> 1000 over sampling).
+            DiffusersDiT("mochi", (TRANSFORMERS + "transformer_mochi.MochiTransformer3DModel",), "last",
+                         (BlockList("transformer_blocks", (("attn1", "joint"),)),), readers.mochi_tokens,
+                         Timestep(2, "timestep", 1000.0, rising=True)),
+        ),
+    ),
+)
+
+BY_NAME: Dict[str, ModelFamily] = {family.name: family for family in CATALOGUE}
+
+
+def family_of_binding(binding: object) -> Optional[ModelFamily]:
+    """The catalogue entry a host binding belongs to."""
+    return next((family for family in CATALOGUE if binding in family.diffusers or binding in family.comfy), None)
+
+
+def titles(host: str) -> str:
+    """The titles of the families ``host`` ("diffusers" or "comfy") runs, for help text and refusals."""
+    return ", ".join(family.title for family in CATALOGUE if getattr(family, host))
+
+
+def markdown_list() -> str:
+    """The README's supported list: the UNet families, then each transformer family and where it runs."""
+    lines = [f"- UNets (modes merge and kv): {', '.join(UNET_FAMILIES)}"]
+    for family in CATALOGUE:
+        hosts = [label for label, held in (("diffusers", family.diffusers), ("ComfyUI", family.comfy)) if held]
+        lines.append(f"- {family.title} (`{family.name}`, mode kv): {' and '.join(hosts)}")
+    return "\n".join(lines) + "\n"
