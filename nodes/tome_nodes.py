@@ -10,15 +10,13 @@ from typing import Any, Dict, Optional
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
     from ..tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from ..tome_core.engine.kv import window_for_dims
-    from ..tome_core.adapters.model_patcher.dit import block_count, blocks_on, dit_family, patch_dit_model_patcher
-    from ..tome_core.adapters.model_patcher.unet import base_downsample_of, merger_of, patch_model_patcher
+    from ..tome_core.adapters.model_patcher.plan import is_dit, plan_patch
+    from ..tome_core.adapters.model_patcher.unet import merger_of
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from tome_core.engine.kv import window_for_dims
-    from tome_core.adapters.model_patcher.dit import block_count, blocks_on, dit_family, patch_dit_model_patcher
-    from tome_core.adapters.model_patcher.unet import base_downsample_of, merger_of, patch_model_patcher
+    from tome_core.adapters.model_patcher.plan import is_dit, plan_patch
+    from tome_core.adapters.model_patcher.unet import merger_of
 from .ui_messages import announce_levels
 
 CATEGORY = "model_patches/unet"
@@ -156,25 +154,16 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     with the engine's message naming the model and the fix. max_downsample does not apply to DiTs.
     node_id: the node's id, to which the speed check's verdicts are sent when sampling decides them.
     """
-    family = dit_family(model)
     values = dict(COMFY_DEFAULTS, **values)
-    if family is not None and "mode" not in values:
+    if "mode" not in values and is_dit(model):
         values = dict(values, mode="kv")
     config = _config(spec, **values)
-    model_type = type(getattr(model, "model", model)).__name__
-    if family is None:
-        patched = patch_model_patcher(model, config)
-        merger = merger_of(patched)
-        if merger is not None and node_id is not None:
-            announce_levels(merger, node_id)
-        info = dict(config.as_dict(), base_downsample=base_downsample_of(model), model_type=model_type)
-        return patched, {"tome": [info]}
-    patched = patch_dit_model_patcher(model, config)
-    count, chosen = block_count(model), blocks_on(model, config)
-    info = dict(config.as_dict(), base_downsample=1, model_type=model_type, family=family.name, title=family.title,
-                kv_window=list(window_for_dims(config.ratio, family.grid_dims, config.sx, config.sy)),
-                blocks=[count if chosen is None else sum(chosen), count])
-    return patched, {"tome": [info]}
+    plan = plan_patch(model, config)  # validated and described before anything is registered
+    patched = plan.attach()
+    merger = merger_of(patched) if plan.kind == "unet" else None
+    if merger is not None and node_id is not None:
+        announce_levels(merger, node_id)
+    return patched, {"tome": [plan.description]}
 
 
 class ToMe:

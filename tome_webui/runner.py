@@ -73,7 +73,7 @@ class Run:
         if not config.enabled:
             unpatch(model)
             return
-        tome_core.apply_patch(model, **config.as_dict())
+        tome_core.apply_config(model, config)  # validated once, in start()
         if not any(m is model for m in self.patched):
             self.patched.append(model)
 

@@ -58,8 +58,13 @@ def apply_patch(
         start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens,
         block_start=block_start, block_end=block_end,
     )
+    return apply_config(model, config)
+
+
+def apply_config(model: Model, config: ToMeConfig) -> Model:
+    """``apply_patch`` with a built ``ToMeConfig`` (what a host holds after validating its settings once)."""
     dit = diffusers_dit.find_dit(model)
-    if dit is not None:  # a DiT of the family table: mode "kv" through per-attention hooks (tome_core/dit)
+    if dit is not None:  # a DiT of the catalogue: mode "kv" through per-attention hooks (adapters/hooks/dit.py)
         diffusers_dit.check_config(dit, config)
         remove_patch(model)
         diffusers_dit.install(dit, config)

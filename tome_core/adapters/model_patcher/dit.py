@@ -330,12 +330,13 @@ class DiTKVPatch(KVPatchState):
                         report_basis(diffusion_model, layout, extra, options))
 
 
-def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
-    """A clone of ``patcher`` with mode "kv" on its DiT; the input patcher is never changed.
+def check_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...]]:
+    """Every refusal of ``patch_dit_model_patcher``, without cloning or patching anything; returns the
+    block choice (``blocks_on``).
 
     Raises TypeError naming the model for diffusion models the override cannot reach (PixArt,
-    HunyuanDiT, UNets...), ValueError for settings that do not apply (mode "merge", avg), and
-    RuntimeError on a ComfyUI without ``optimized_attention_override``. Nothing is patched then.
+    HunyuanDiT, UNets...), ValueError for settings that do not apply (mode "merge", avg, a block range
+    holding no block), and RuntimeError on a ComfyUI without ``optimized_attention_override``.
     """
     diffusion_model = _diffusion_model(patcher)
     if _family_entry(diffusion_model) is None:
@@ -352,6 +353,16 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():
         raise RuntimeError("ToMe: this ComfyUI has no transformer_options['optimized_attention_override'] "
                            "(added in ComfyUI 0.3.6x); update ComfyUI to use ToMe on DiT models.")
+    return chosen
+
+
+def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
+    """A clone of ``patcher`` with mode "kv" on its DiT; the input patcher is never changed.
+
+    Refuses (see ``check_dit_model_patcher``) before cloning: nothing is patched then.
+    """
+    chosen = check_dit_model_patcher(patcher, config)
+    diffusion_model = _diffusion_model(patcher)
     sampling = patcher.get_model_object("model_sampling")
     window = SigmaWindow.from_percents(config.start_percent, config.end_percent, sampling.percent_to_sigma)
     state = DiTKVPatch(config, window=window, family=_family_entry(diffusion_model), blocks=chosen,
