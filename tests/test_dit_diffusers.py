@@ -192,11 +192,12 @@ def test_merge_and_avg_are_refused_naming_the_model(family):
     assert not is_patched(model)
 
 
-def test_pixart_is_refused_naming_the_model():
-    model = diffusers.PixArtTransformer2DModel(
-        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=1, sample_size=8,
-        cross_attention_dim=16, caption_channels=16)
-    with pytest.raises(TypeError, match="PixArtTransformer2DModel has no UNet with transformer blocks.*not a DiT"):
+def test_a_dit_outside_the_catalogue_is_refused_naming_the_model():
+    model = diffusers.HunyuanDiT2DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, patch_size=2, sample_size=8, hidden_size=16,
+        num_layers=2, cross_attention_dim=16, cross_attention_dim_t5=16, pooled_projection_dim=16, text_len=4,
+        text_len_t5=4)
+    with pytest.raises(TypeError, match="HunyuanDiT2DModel has no UNet with transformer blocks.*not a DiT"):
         apply_patch(model, ratio=0.5, mode="kv")
     assert not is_patched(model)
 

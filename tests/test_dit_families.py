@@ -295,6 +295,18 @@ def ernie_image(h: int = 6, w: int = 7, batch: int = 1, text: int = 5):
     return model, inputs, dict(prefix=0, suffix=text, grid=(h, w))
 
 
+def pixart(h: int = 6, w: int = 8, batch: int = 1, text: int = 5):
+    """PixArt-α/Σ: attn1 over the image grid alone (patch 2), attn2 to the T5 text."""
+    model = _seed_weights(diffusers.PixArtTransformer2DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=2, sample_size=h,
+        cross_attention_dim=16, caption_channels=16))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, 4, h, w, generator=g), timestep=torch.full((batch,), 600.0),
+                  encoder_hidden_states=torch.randn(batch, text, 16, generator=g),
+                  added_cond_kwargs={"resolution": None, "aspect_ratio": None})
+    return model, inputs, dict(prefix=0, suffix=0, grid=(h // 2, w // 2))
+
+
 def ideogram4(h: int = 6, w: int = 7, batch: int = 1, text: int = 5):
     """Packed [left padding, text, image] rows built by Ideogram4Pipeline._prepare_ids (the first sample's text one
     token shorter: one padding token); rising model time."""
@@ -329,12 +341,13 @@ FAMILIES = {"chroma": chroma, "flux2": flux2, "qwen_image": qwen_image, "lumina2
             "hunyuan_video15": hunyuan_video15, "hunyuan_image": hunyuan_image, "hidream": hidream,
             "kandinsky5": kandinsky5, "cogvideox": cogvideox, "mochi": mochi, "longcat_image": longcat_image,
             "krea2": krea2, "ernie_image": ernie_image, "ideogram4": ideogram4,
-            "joyimage": joyimage}
+            "joyimage": joyimage, "pixart": pixart}
 # Self-attentions over the layout per model call, in order: the ones the default range reduces.
 DEFAULT_REDUCED = {"chroma": 3, "flux2": 3, "qwen_image": 2, "lumina2": 2, "z_image": 2, "ltx_video": 2, "ltx2": 2,
                    "wan_vace": 5, "wan_animate": 2,
                    "hunyuan_video15": 2, "hunyuan_image": 3, "hidream": 3, "kandinsky5": 2,
-                   "cogvideox": 2, "mochi": 2, "longcat_image": 3, "krea2": 2, "ernie_image": 2, "ideogram4": 2, "joyimage": 2}
+                   "cogvideox": 2, "mochi": 2, "longcat_image": 3, "krea2": 2, "ernie_image": 2, "ideogram4": 2, "joyimage": 2,
+                   "pixart": 2}
 
 
 def run(model, inputs) -> torch.Tensor:
@@ -450,7 +463,7 @@ def test_ltx2_reduces_the_video_self_attention_only():
     assert sum(_reduced(vanilla, patched)) == 2  # one video self-attention per block
 
 
-@pytest.mark.parametrize("family,size", [("chroma", dict(h=5, w=3)), ("flux2", dict(h=3, w=7)),
+@pytest.mark.parametrize("family,size", [("chroma", dict(h=5, w=3)), ("flux2", dict(h=3, w=7)), ("pixart", dict(h=6, w=10)),
                                          ("qwen_image", dict(h=5, w=9)), ("lumina2", dict(h=10, w=6)),
                                          ("z_image", dict(h=6, w=10)), ("ltx_video", dict(frames=1, h=5, w=7)),
                                          ("ltx2", dict(frames=2, h=3, w=5)),

@@ -173,11 +173,11 @@ def find_dit(model: object) -> Optional[torch.nn.Module]:
 
 
 def unsupported_dit(model: object) -> Optional[str]:
-    """Class name of a transformer-only model that mode "kv" cannot reach (e.g. PixArt, AuraFlow), else None."""
+    """Class name of a transformer-only model that mode "kv" cannot reach (e.g. HunyuanDiT, AuraFlow), else None."""
     for candidate in (model, getattr(model, "transformer", None)):
         name = type(candidate).__name__
         if isinstance(candidate, torch.nn.Module) and family_of(candidate) is None and (
-                "Transformer" in name and not name.startswith("UNet")
+                ("Transformer" in name or "DiT" in name) and not name.startswith("UNet")
                 or hasattr(candidate, "transformer_blocks") and not hasattr(candidate, "down_blocks")):
             return name
     return None

@@ -373,6 +373,16 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
         ),
     ),
     ModelFamily(
+        'pixart', 'PixArt-α / PixArt-Σ', grid_dims=2, native_px=(1024, 1024),
+        diffusers=(
+            # PixArt-α/Σ: BasicTransformerBlocks whose attn1 sees the image tokens alone (absolute position
+            # embeddings, no RoPE) and whose attn2 attends to the T5 text.
+            DiffusersDiT("pixart", (TRANSFORMERS + "pixart_transformer_2d.PixArtTransformer2DModel",), "separate",
+                         (BlockList("transformer_blocks", (("attn1", "image"),)),), readers.pixart_tokens,
+                         Timestep(2, "timestep", 1000.0)),
+        ),
+    ),
+    ModelFamily(
         'cogvideox', 'CogVideoX', grid_dims=3,
         diffusers=(
             DiffusersDiT("cogvideox", (TRANSFORMERS + "cogvideox_transformer_3d.CogVideoXTransformer3DModel",),

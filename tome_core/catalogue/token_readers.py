@@ -168,6 +168,15 @@ def _patched_image_with_text(model: torch.nn.Module, hidden: Optional[torch.Tens
     return Tokens((hidden.shape[-2] // p, hidden.shape[-1] // p), text=text.shape[1])
 
 
+def pixart_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
+    """PixArt-α/Σ: latent [B, C, H, W] -> grid (H/p, W/p); its self-attention sees the grid alone."""
+    hidden = arg(call, 0, "hidden_states")
+    if hidden is None or hidden.ndim != 4:
+        return None
+    p = model.config.patch_size
+    return Tokens((hidden.shape[-2] // p, hidden.shape[-1] // p))
+
+
 def ernie_image_tokens(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
     """ERNIE-Image: latent [B, C, H, W] -> grid (H/p, W/p); [image, text] with the text padded to the batch's
     longest (padding masked; the mask's key axis is shortened with the keys)."""

@@ -46,7 +46,7 @@ def _collect_unets(module: torch.nn.Module, found: List[torch.nn.Module]) -> Non
 def find_unets(model: object) -> List[torch.nn.Module]:
     """Every UNet-shaped module with transformer blocks in ``model`` (a UNet and its ControlNets).
 
-    Raises TypeError, naming the model's class, when there is none (e.g. a DiT, PixArt, SD3, Flux).
+    Raises TypeError, naming the model's class, when there is none (e.g. a DiT outside the catalogue).
     """
     found: List[torch.nn.Module] = []
     for root in _roots(model):
@@ -54,7 +54,7 @@ def find_unets(model: object) -> List[torch.nn.Module]:
     if not found:
         raise TypeError(
             f"ToMe: {type(model).__name__} has no UNet with transformer blocks to merge. Supported: {SUPPORTED}. "
-            "Transformer-only models (DiT, PixArt, SD3, Flux) are not supported."
+            "Transformer-only models that the catalogue does not hold (e.g. HunyuanDiT, AuraFlow) are not supported."
         )
     return found
 

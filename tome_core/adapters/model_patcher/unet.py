@@ -74,7 +74,7 @@ def base_downsample_of(patcher: Any) -> int:
         raise UnsupportedModelError(
             f"ToMe cannot patch a {kind} model ({type(unet).__name__}): it has no UNet transformer blocks "
             f"(BasicTransformerBlock in input_blocks/middle_block). Supported: {SUPPORTED_MODELS}; "
-            "transformer-only models (Flux, SD3, AuraFlow, HunyuanDiT, PixArt, ...) are not."
+            "transformer-only models (Flux, SD3, AuraFlow, HunyuanDiT, ...) are not."
         ) from error
 
 
