@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .models import scaled_parameters
+
 DIT_FAMILIES = ("flux", "sd3", "wan", "z_image", "qwen_image", "ltx2")  # the catalogue's names (tested)
 FAMILY_ALIASES = {"zimage": "z_image", "qwen": "qwen_image"}  # the names of earlier releases, still taken
 VIDEO_FAMILIES = ("wan", "ltx2")  # the ones --frames applies to
@@ -130,18 +132,8 @@ def peaked_attention(model: torch.nn.Module, factor: float) -> Iterator[torch.nn
     3.0 stands in for trained, peaked attention (as ``models.peaked_attention`` for UNets). The
     original weights are restored exactly on exit.
     """
-    saved = []
-    if factor != 1.0:
-        with torch.no_grad():
-            for p in _qk_parameters(model):
-                saved.append((p, p.detach().clone()))
-                p.mul_(factor)
-    try:
+    with scaled_parameters(_qk_parameters(model), factor):
         yield model
-    finally:
-        with torch.no_grad():
-            for p, orig in saved:
-                p.copy_(orig)
 
 
 def _is_norm_weight(module: torch.nn.Module) -> bool:

@@ -102,19 +102,27 @@ def self_attention_modules(unet: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for name, m in unet.named_modules() if name.endswith(".attn1")]
 
 
-def _scale_qk(unet: torch.nn.Module, factor: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Scale self-attention q/k projections in place; returns (parameter, original) pairs."""
+def _qk_parameters(unet: torch.nn.Module) -> list[torch.Tensor]:
+    """The weights and biases of every self-attention's q and k projections."""
+    return [p for attn in self_attention_modules(unet) for lin in (attn.to_q, attn.to_k)
+            for p in (lin.weight, lin.bias) if p is not None]
+
+
+@contextlib.contextmanager
+def scaled_parameters(parameters: list[torch.Tensor], factor: float) -> Iterator[None]:
+    """Multiply ``parameters`` by ``factor`` in place for the block; restored exactly on exit."""
     saved = []
-    if factor == 1.0:
-        return saved
-    with torch.no_grad():
-        for attn in self_attention_modules(unet):
-            for lin in (attn.to_q, attn.to_k):
-                for p in (lin.weight, lin.bias):
-                    if p is not None:
-                        saved.append((p, p.detach().clone()))
-                        p.mul_(factor)
-    return saved
+    if factor != 1.0:
+        with torch.no_grad():
+            for p in parameters:
+                saved.append((p, p.detach().clone()))
+                p.mul_(factor)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, original in saved:
+                p.copy_(original)
 
 
 @contextlib.contextmanager
@@ -125,13 +133,8 @@ def peaked_attention(unet: torch.nn.Module, factor: float) -> Iterator[torch.nn.
     random weights give almost uniform attention, which hides merging errors). The original
     weights are restored exactly on exit.
     """
-    saved = _scale_qk(unet, factor)
-    try:
+    with scaled_parameters(_qk_parameters(unet), factor):
         yield unet
-    finally:
-        with torch.no_grad():
-            for p, orig in saved:
-                p.copy_(orig)
 
 
 def _reinit_zero_layers(unet: torch.nn.Module, gen: torch.Generator) -> int:
@@ -169,7 +172,9 @@ def build_unet(family: str, scale: str = "full", seed: int = 0,
     _reinit_zero_layers(unet, gen)
     # built in ``dtype`` already; ModelMixin.to(dtype) would only warn about fp32-kept modules
     unet = unet.eval().requires_grad_(False)
-    _scale_qk(unet, peaked)
+    with torch.no_grad():
+        for p in _qk_parameters(unet) if peaked != 1.0 else ():
+            p.mul_(peaked)  # a lasting scale: the model is built peaked
     return unet
 
 
