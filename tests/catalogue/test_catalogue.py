@@ -9,7 +9,7 @@ from pathlib import Path
 from tome_core.catalogue import comfy_dits, diffusers_dits
 from tome_core.catalogue.families import BY_NAME, CATALOGUE, family_of_binding, markdown_list, titles
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_one_entry_per_family_and_every_binding_in_exactly_one():

@@ -12,7 +12,7 @@ import torch
 from tome_bench import methods
 from tome_bench.models import build_unet, make_inputs, peaked_attention, unet_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ("sd15", "sd2", "sdxl")
 
 
