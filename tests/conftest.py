@@ -51,6 +51,35 @@ class SpyAttention(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def check_identity_at_ratio_zero_and_after_removal(model, inputs, run, apply_patch, remove_patch, is_patched,
+                                                   state_attr: str):
+    """The DiT families' shared check: ratio 0 is bit-identical, ratio 0.5 changes the output boundedly, removal
+    leaves no state; returns the patch state seen at ratio 0.5 (for each file's own count of reduced calls)."""
+    expected = run(model, inputs)
+    apply_patch(model, ratio=0.0, mode="kv")
+    assert is_patched(model) and torch.equal(run(model, inputs), expected)
+    apply_patch(model, ratio=0.5, mode="kv")
+    changed = run(model, inputs)
+    assert not torch.equal(changed, expected)
+    rel = ((changed - expected).norm() / expected.norm()).item()
+    assert 0 < rel < 1.0, rel
+    state = model.__dict__[state_attr]
+    remove_patch(model)
+    assert not is_patched(model) and state_attr not in model.__dict__
+    assert hook_count(model) == 0
+    assert torch.equal(run(model, inputs), expected)
+    return state
+
+
+def check_reduced_output(model, inputs, run, apply_patch, state_attr: str, ratio: float = 0.75):
+    """An odd size or batch: the reduced output keeps the shape, stays finite and differs; returns the patch state."""
+    expected = run(model, inputs)
+    apply_patch(model, ratio=ratio, mode="kv")
+    out = run(model, inputs)
+    assert out.shape == expected.shape and torch.isfinite(out).all() and not torch.equal(out, expected)
+    return model.__dict__[state_attr]
+
+
 def hook_count(module: torch.nn.Module) -> int:
     return sum(
         len(m._forward_pre_hooks) + len(m._forward_hooks) + len(m._forward_pre_hooks_with_kwargs)
