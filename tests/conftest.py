@@ -52,13 +52,13 @@ class SpyAttention(TorchFunctionMode):
 
 
 def check_identity_at_ratio_zero_and_after_removal(model, inputs, run, apply_patch, remove_patch, is_patched,
-                                                   state_attr: str):
+                                                   state_attr: str, mode: str = "kv", **settings):
     """The DiT families' shared check: ratio 0 is bit-identical, ratio 0.5 changes the output boundedly, removal
     leaves no state; returns the patch state seen at ratio 0.5 (for each file's own count of reduced calls)."""
     expected = run(model, inputs)
-    apply_patch(model, ratio=0.0, mode="kv")
+    apply_patch(model, ratio=0.0, mode=mode, **settings)
     assert is_patched(model) and torch.equal(run(model, inputs), expected)
-    apply_patch(model, ratio=0.5, mode="kv")
+    apply_patch(model, ratio=0.5, mode=mode, **settings)
     changed = run(model, inputs)
     assert not torch.equal(changed, expected)
     rel = ((changed - expected).norm() / expected.norm()).item()
@@ -71,10 +71,10 @@ def check_identity_at_ratio_zero_and_after_removal(model, inputs, run, apply_pat
     return state
 
 
-def check_reduced_output(model, inputs, run, apply_patch, state_attr: str, ratio: float = 0.75):
+def check_reduced_output(model, inputs, run, apply_patch, state_attr: str, ratio: float = 0.75, mode: str = "kv"):
     """An odd size or batch: the reduced output keeps the shape, stays finite and differs; returns the patch state."""
     expected = run(model, inputs)
-    apply_patch(model, ratio=ratio, mode="kv")
+    apply_patch(model, ratio=ratio, mode=mode)
     out = run(model, inputs)
     assert out.shape == expected.shape and torch.isfinite(out).all() and not torch.equal(out, expected)
     return model.__dict__[state_attr]

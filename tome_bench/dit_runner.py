@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from tome_core.catalogue.diffusers_dits import merging_families
 from tome_core.catalogue.families import BY_NAME
 
 from . import dit_models, measure
@@ -22,9 +23,11 @@ from .family import Case
 
 DIT_FAMILIES = dit_models.DIT_FAMILIES
 VIDEO_FAMILIES = dit_models.VIDEO_FAMILIES
-DIT_METHODS = ("vanilla", "kv")
-_NOT_FOR_DITS = "DiTs (Flux, SD3, Wan, Z-Image, Qwen-Image, LTX-2) take mode kv (nearest picks) only"
-SKIPPED = {"merge": f"merges tokens through UNet transformer blocks; {_NOT_FOR_DITS}",
+DIT_METHODS = ("vanilla", "kv")  # the default; merge where the family has it (--methods ...,merge)
+DIT_ALLOWED = DIT_METHODS + ("merge",)
+_NOT_FOR_DITS = "DiTs (Flux, SD3, Wan, Z-Image, Qwen-Image, LTX-2) take mode kv, and mode merge where it reaches them"
+SKIPPED = {"merge": "not in the DiT default (on this benchmark kv has the lower error per speed-up); it reaches "
+                    "flux and qwen_image: --methods vanilla,kv,merge",
            "tomesd": f"patches UNets only; {_NOT_FOR_DITS}"}
 # native sizes (width, height) from the catalogue (tome_core/catalogue/families.py): Qwen-Image's 1:1 is 1328 px,
 # LTX-2's default 768x512 (frames: --frames)
@@ -35,10 +38,14 @@ DEFAULT_BATCH = dit_models.DEFAULT_BATCH  # Flux, Z-Image-Turbo: 1 (no CFG pair)
 def check_config(cfg, method_names: tuple[str, ...]) -> None:
     """Refuse a DiT run the benchmark cannot do, naming the fix (``cfg``: a ``runner.BenchConfig``)."""
     dits = [f for f in cfg.families if f in DIT_FAMILIES]  # all of them: one kind per run
-    bad = [m for m in method_names if m not in DIT_METHODS]
+    bad = [m for m in method_names if m not in DIT_ALLOWED]
     if bad:
         raise ValueError(f"methods: {', '.join(bad)} not available for DiT families ({', '.join(dits)}): "
                          f"{_NOT_FOR_DITS}; use --methods vanilla,kv (their default)")
+    unmerged = [f for f in dits if not any(binding.merge for binding in BY_NAME[f].diffusers)]
+    if any(m.split("@")[0] == "merge" for m in method_names) and unmerged:
+        raise ValueError(f"methods: merge does not reach {', '.join(unmerged)} yet (mode merge on DiTs: "
+                         f"{merging_families()}); run those with --methods vanilla,kv")
     if cfg.compile:
         raise ValueError("--compile is for UNet families only; DiT families run eager")
     if cfg.blocks < 1:

@@ -48,11 +48,17 @@ export function findLatentSize(node, graph) {
   return null;
 }
 
-// A DiT (Flux, SD3, Wan, HunyuanVideo) has no UNet levels: the last run's kv window on its image/video tokens.
+// A DiT (Flux, SD3, Wan, HunyuanVideo) has no UNet levels: the last run's kv window on its image/video tokens,
+// or (mode merge) the share of image tokens carried merged through its blocks.
 export function ditLines(lastRun) {
   const window = lastRun.kv_window ?? [];
   const kept = window.reduce((a, b) => a * b, 1);
-  const lines = [
+  const merged = Math.round((lastRun.ratio ?? 0) * 100);
+  const lines = lastRun.mode === "merge" ? [
+    `${lastRun.model_type} (${lastRun.family}): mode merge on image tokens`,
+    merged > 0 ? `${merged}% of the image tokens merged into a similar neighbour through each block; text kept`
+               : "ratio 0: nothing reduced",
+  ] : [
     `${lastRun.model_type} (${lastRun.family}): mode kv on image tokens`,
     kept > 1 ? `keys/values: 1 of ${kept} per ${window.join("x")} window; every query and text token kept`
              : "ratio too low for a window: nothing reduced",
@@ -117,6 +123,8 @@ export const extension = {
         if (info.family) {
           this.tomeLastRun.family = String(info.family);
           this.tomeLastRun.kv_window = Array.isArray(info.kv_window) ? info.kv_window.map(Number) : [];
+          this.tomeLastRun.mode = String(info.mode ?? "kv");
+          this.tomeLastRun.ratio = Number(info.ratio) || 0;
           if (Array.isArray(info.blocks)) this.tomeLastRun.blocks = info.blocks.map(Number);
         }
       }

@@ -146,7 +146,7 @@ def test_experiments_are_modules_that_run_only_when_asked():
     (["--repeats", "3", "--max-repeats", "9", "--batch", "0"], "batch must be >= 1"),
     (["--families", "sd15,flux"], "sd15 (UNet) and flux (DiT) need separate runs"),
     (["--families", "flux", "--methods", "vanilla,merge,tomesd"],
-     "methods: merge, tomesd not available for DiT families (flux)"),
+     "methods: tomesd not available for DiT families (flux)"),
     (["--families", "sd3", "--frames", "33"], "--frames is for the video families wan, ltx2, not sd3"),
     (["--families", "sdxl", "--blocks", "1"], "--blocks is for DiT families"),
     (["--families", "wan", "--frames", "32"], "frames must be 4k + 1"),

@@ -213,3 +213,20 @@ def test_dit_blocks_runs_on_tiny_configs(tmp_path, capsys):
     assert all(r["err_peaked"] > 0 and r["err_per_block"] == pytest.approx(r["err_peaked"] / r["blocks_reduced"])
                for r in rows)
     assert "ltx2      0.50-1.00    1 of 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("family", ["flux", "qwen_image"])
+def test_merge_rows_beside_kv_on_the_families_it_reaches(family):
+    """--methods vanilla,kv,merge on a family mode merge reaches: merge rows at each ratio beside kv's, with errors
+    growing with the ratio; a family it does not reach is refused naming it."""
+    from tome_bench.runner import BenchConfig, run_benchmark
+
+    cfg = BenchConfig(families=(family,), resolutions=((128, 128),), ratios=(0.5, 0.75), repeats=1, scale="tiny",
+                      blocks=1, methods=("vanilla", "kv@0.75", "merge"))
+    rows = run_benchmark(cfg, progress_bar=False, log=lambda text: None)["rows"]
+    assert [r["label"] for r in rows] == ["vanilla", "kv r=0.75", "merge r=0.5", "merge r=0.75"]
+    merged = [r for r in rows if r["method"] == "merge"]
+    assert all(math.isfinite(r["cfg_err_peaked"]) and r["cfg_err_peaked"] > 0 for r in merged)
+    assert merged[1]["rel_err"] > merged[0]["rel_err"]  # more merged, further from vanilla
+    with pytest.raises(ValueError, match="merge does not reach wan yet .*flux, qwen_image"):
+        BenchConfig(families=("wan",), methods=("vanilla", "merge"), scale="tiny", blocks=1)

@@ -235,8 +235,9 @@ def test_sd35_image_only_attention_keeps_the_joint_attentions_grid_picks(comfy):
 
 
 def test_refuses_pixart_and_merge_naming_the_model(comfy):
-    patcher, *_ = flux(comfy)
-    with pytest.raises(ValueError, match="Flux is a transformer-only model.*use mode='kv'"):
+    """Mode merge reaches Flux and Qwen-Image (test_comfy_dit_merge); other families refuse it naming the model."""
+    patcher, *_ = wan(comfy)
+    with pytest.raises(ValueError, match="reaches flux, qwen_image so far; WanModel is not among them.*use mode='kv'"):
         patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5))
     pixart = _patcher(comfy, comfy.supported_models.PixArtAlpha, dict(
         image_model="pixart_alpha", input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=1, num_heads=2,
@@ -275,12 +276,17 @@ def test_the_basic_node_patches_a_dit_in_kv_and_matches_the_engine(comfy, tome_p
 
 
 def test_the_advanced_node_refuses_merge_and_avg_on_a_dit_naming_the_fix(comfy, tome_package):
+    """Merge where the family has it (Flux: the node's default mode runs, its text says merge), refused elsewhere
+    (Wan) naming the model and kv; avg refused on every DiT."""
     tome_nodes = _node_classes(tome_package)
     patcher, latent, cond, _ = flux(comfy)
     values = dict(ratio=0.5, max_downsample=1, sx=2, sy=2, use_rand=True, tome_seed=0, mode="merge",
                   merge_crossattn=False, start_percent=0.0, end_percent=1.0, min_tokens=0)
-    with pytest.raises(ValueError, match="Flux is a transformer-only model.*use mode='kv'"):
-        tome_nodes.ToMeAdvanced().patch(patcher, **values)
+    merged = tome_nodes.ToMeAdvanced().patch(patcher, **values)
+    assert merged["ui"]["tome"][0]["mode"] == "merge" and merged["ui"]["tome"][0]["family"] == "flux"
+    assert torch.isfinite(sample(comfy, merged["result"][0], latent, cond)).all()
+    with pytest.raises(ValueError, match="WanModel is not among them.*use mode='kv'"):
+        tome_nodes.ToMeAdvanced().patch(wan(comfy)[0], **values)
     with pytest.raises(ValueError, match="kv_downsample='avg' is not supported on Flux.*'nearest'"):
         tome_nodes.ToMeAdvanced().patch(patcher, **dict(values, mode="kv"), kv_downsample="avg")
     assert not patcher.wrappers.get("apply_model")

@@ -101,6 +101,9 @@ class ComfyDiT:
         self-attention, whatever its query count.
     cross_keys: keywords of the call whose token count (axis -2) is the key length of a cross-attention beside the
         text (Wan i2v's clip_fea: 257 image tokens): a self-attention of that length cannot be told from it.
+    merge_joint: mode "merge" reaches the family's blocks through ComfyUI's "dit" block replace patches
+        (``("<reported>_block", i)``, args "img", "pe" over [text, image] on axis 2, "txt"); the reported block
+        types listed here pass [text, image] as "img" (Flux's single blocks). None: mode "kv" only.
     blocks_reached_by: (method, source text) the model class's own method must hold for its blocks to receive
         ``transformer_options`` (Wan S2V: ComfyUI 0.3.x's ``forward_orig`` calls them without it, so no override can
         reach them): a host whose code lacks it is refused before sampling, never accepted and left unreduced.
@@ -128,6 +131,7 @@ class ComfyDiT:
     host_reports: Tuple[str, ...] = ()
     partial_queries: bool = False
     cross_keys: Tuple[str, ...] = ()
+    merge_joint: Optional[Tuple[str, ...]] = None
     blocks_reached_by: Optional[Tuple[str, str]] = None
 
     def __post_init__(self) -> None:
@@ -153,6 +157,10 @@ def _tables() -> Tuple[Tuple["ComfyDiT", ...], Dict[str, "ComfyDiT"], Dict[str, 
 
     table = tuple(binding for family in CATALOGUE for binding in family.comfy)
     return table, {b.name: b for b in table}, {cls: b for b in table for cls in b.classes}
+
+
+def bindings() -> Tuple["ComfyDiT", ...]:
+    return _tables()[0]
 
 
 def binding_named(name: str) -> "ComfyDiT":
@@ -201,6 +209,11 @@ def unreached(diffusion_model: Any) -> Optional[str]:
         return None
     return (f"this ComfyUI's {cls.__module__}.{cls.__qualname__}.{method} calls its blocks without "
             "transformer_options, so no attention override reaches them; update ComfyUI (2026 ComfyUIs pass them)")
+
+
+def merging_names() -> str:
+    """The families whose blocks mode "merge" reaches in ComfyUI, for messages."""
+    return ", ".join(binding.name for binding in bindings() if binding.merge_joint is not None)
 
 
 def supported_names() -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -19,6 +19,7 @@ from ..engine.blocks import default_start
 from ..engine.schedule import TimestepScale
 from . import token_readers as readers
 from ..engine.grid import TokenLayout
+from ..engine.token_merge import TokenMerge
 from .token_readers import Tokens
 
 TEXT_PLACES = ("first", "last", "separate", "none")
@@ -68,6 +69,31 @@ class KeyInputs:
     allowed: Tuple[str, ...]
 
 
+def rope_over_text_and_image(rope: Any, merge: TokenMerge, text: int) -> Any:
+    """Flux.1's ``image_rotary_emb``: (cos, sin), each [text + image tokens, D]."""
+    return tuple(merge.take(table, 0, offset=text, before=text) for table in rope)
+
+
+def rope_image_then_text(rope: Any, merge: TokenMerge, text: int) -> Any:
+    """Qwen-Image's ``image_rotary_emb``: (image frequencies [image tokens, D/2], text frequencies)."""
+    return (merge.take(rope[0], 0), rope[1])
+
+
+@dataclass(frozen=True)
+class MergeInputs:
+    """How mode "merge" carries fewer image tokens through a family's blocks in diffusers.
+
+    Every block of the block range takes the image stream ([before, grid, after]; the text apart) as
+    ``hidden_states`` and returns a tuple whose ``output``-th item is that stream; ``rope`` cuts the block's
+    ``image_rotary_emb`` to the merged stream (given the text length); ``per_token`` names keywords holding one
+    value per stream token on axis 1 (Qwen-Image Edit's ``modulate_index``), cut alike.
+    """
+
+    rope: Callable[[Any, TokenMerge, int], Any]
+    per_token: Tuple[str, ...] = ()
+    output: int = 1
+
+
 @dataclass(frozen=True)
 class DiffusersDiT:
     """How diffusers runs one DiT class family (a binding of a catalogue entry).
@@ -78,6 +104,7 @@ class DiffusersDiT:
     blocks: block lists in the order they run (the block range's depth order).
     read: the call's grid, text and kept tokens, or None where they cannot be placed (left unreduced).
     key_inputs: where the self-attention takes its keys' inputs apart (``KeyInputs``), else None.
+    merge: how mode "merge" reaches its blocks (``MergeInputs``); None: the family takes mode "kv" only.
     """
 
     name: str
@@ -87,6 +114,7 @@ class DiffusersDiT:
     read: Callable[[torch.nn.Module, dict], Optional[Tokens]]
     timestep: Timestep
     key_inputs: Optional[KeyInputs] = None
+    merge: Optional[MergeInputs] = None
 
     def __post_init__(self) -> None:
         if self.text not in TEXT_PLACES:
@@ -158,6 +186,11 @@ def class_path(obj: object) -> str:
 def family_of(model: object) -> Optional[DiffusersDiT]:
     """The table entry of ``model``'s class (module and class name), else None."""
     return by_class().get(class_path(model))
+
+
+def merging_families() -> str:
+    """The families whose blocks mode "merge" reaches in diffusers, for messages."""
+    return ", ".join(binding.name for binding in bindings() if binding.merge is not None)
 
 
 def supported_classes() -> List[str]:

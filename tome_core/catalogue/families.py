@@ -18,7 +18,8 @@ from typing import Dict, Optional, Tuple
 from . import token_readers as readers
 from .comfy_dits import (DIFFUSIONMODULES, TIME_CONCAT, WAN_APPENDED, WAN_HOST, Appended, ComfyBlocks, ComfyDiT)
 from .comfy_dits import DOUBLE_SINGLE as COMFY_DOUBLE_SINGLE
-from .diffusers_dits import FLUX_BLOCKS, TRANSFORMERS, BlockList, DiffusersDiT, KeyInputs, Timestep
+from .diffusers_dits import (FLUX_BLOCKS, TRANSFORMERS, BlockList, DiffusersDiT, KeyInputs, MergeInputs, Timestep,
+                             rope_image_then_text, rope_over_text_and_image)
 from .diffusers_dits import DOUBLE_SINGLE as DIFFUSERS_DOUBLE_SINGLE
 
 UNET_FAMILIES = ("SD1.x", "SD2.x", "SDXL (and SSD-1B, Playground v2, ...)")
@@ -47,7 +48,8 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
         'flux', 'Flux (Flux.1 with Kontext and Krea, Flux.2, LongCat-Image)', grid_dims=2, native_px=(1024, 1024),
         diffusers=(
             DiffusersDiT("flux", (TRANSFORMERS + "transformer_flux.FluxTransformer2DModel",), "first", FLUX_BLOCKS,
-                         readers.flux_ids(4), Timestep(3, "timestep", 1.0)),
+                         readers.flux_ids(4), Timestep(3, "timestep", 1.0),
+                         merge=MergeInputs(rope_over_text_and_image)),
             DiffusersDiT("flux2", (TRANSFORMERS + "transformer_flux2.Flux2Transformer2DModel",), "first",
                          DIFFUSERS_DOUBLE_SINGLE,
                          readers.flux2_tokens, Timestep(2, "timestep", 1.0)),
@@ -61,7 +63,7 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
             # Flux.1, Flux.2 (same class, other parameters) and Kontext; measured: the single blocks by default.
             ComfyDiT("flux", ("comfy.ldm.flux.model.Flux",), "first",
                      (ComfyBlocks("double_blocks", "double", default=False), ComfyBlocks("single_blocks", "single")),
-                     reports_blocks=True, host_reports=("img_slice",)),
+                     reports_blocks=True, host_reports=("img_slice",), merge_joint=("single",)),
         ),
     ),
     ModelFamily(
@@ -83,11 +85,12 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
         diffusers=(
             DiffusersDiT("qwen_image", (TRANSFORMERS + "transformer_qwenimage.QwenImageTransformer2DModel",), "first",
                          (BlockList("transformer_blocks", (("attn", "joint"),)),), readers.qwen_tokens, Timestep(3,
-                         "timestep", 1.0)),
+                         "timestep", 1.0), merge=MergeInputs(rope_image_then_text, per_token=("modulate_index",))),
         ),
         comfy=(
             ComfyDiT("qwen_image", ("comfy.ldm.qwen_image.model.QwenImageTransformer2DModel",), "first",
-                     (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, image_frames=True),
+                     (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, image_frames=True,
+                     merge_joint=()),
         ),
     ),
     ModelFamily(

@@ -162,15 +162,19 @@ def require_all_blocks(config: ToMeConfig, model_name: str) -> None:
         )
 
 
-def require_dit_config(config: ToMeConfig, model_name: str) -> None:
-    """What a transformer-only model (DiT) cannot take, refused naming it and the fix: it has mode "kv" only,
-    with nearest picks (its keys are rotary-encoded)."""
-    if config.mode != "kv":
+def require_dit_config(config: ToMeConfig, model_name: str, merges: bool = False,
+                       merge_families: str = "") -> None:
+    """What a transformer-only model (DiT) cannot take, refused naming it and the fix: mode "kv" with nearest
+    picks (its keys are rotary-encoded) everywhere; mode "merge" where its family carries merged tokens through
+    its blocks (``merges``; ``merge_families`` names those that do, for the message)."""
+    if config.mode == "merge" and not merges:
         raise ValueError(
-            f"ToMe: mode={config.mode!r} merges tokens through UNet transformer blocks; {model_name} is a "
-            "transformer-only model (DiT): use mode='kv', which keeps every query and text token and "
+            f"ToMe: mode='merge' on transformers (DiTs) reaches {merge_families or 'no family'} so far; "
+            f"{model_name} is not among them: use mode='kv', which keeps every query and text token and "
             "downsamples only the image tokens' keys/values."
         )
+    if config.mode == "merge":
+        return
     if config.kv_downsample != "nearest":
         raise ValueError(
             f"ToMe: kv_downsample={config.kv_downsample!r} is not supported on {model_name}: its keys are "

@@ -42,7 +42,8 @@ def apply_patch(
     The first nine arguments mean what they mean in tomesd (see ``ToMeConfig``), except that
     ``max_downsample`` counts from the model's first attention level, so SDXL is merged too.
     DiTs (the catalogue, tome_core.catalogue.families: Flux.1/.2, Chroma, Qwen-Image, SD3/3.5, Wan, HunyuanVideo, Lumina 2,
-    Z-Image, LTX-Video, LTX-2) take mode "kv" only; block_start/block_end pick the share of their
+    Z-Image, LTX-Video, LTX-2) take mode "kv", and Flux.1 and Qwen-Image mode "merge" too (fewer image tokens
+    through whole blocks; ``tome_core.engine.token_merge``); block_start/block_end pick the share of their
     blocks, in depth order, that is reduced (block_start None: the model's default, on Flux its single
     blocks); UNets refuse a range (max_downsample picks their levels).
     matching "level" (mode merge) matches each level once per model call instead of once per block.
@@ -121,7 +122,8 @@ def describe(model: object) -> str:
     if dits:
         state = dits[0].__dict__[diffusers_dit.STATE_ATTR]
         config = state.config
-        return (f"ToMe kv r={config.ratio:g} on {type(dits[0]).__name__}: {len(state.modules)} attentions reduced"
+        what = "blocks carry merged image tokens" if config.mode == "merge" else "attentions reduced"
+        return (f"ToMe {config.mode} r={config.ratio:g} on {type(dits[0]).__name__}: {len(state.modules)} {what}"
                 + ("; speed check: not available for transformer models yet, so they are always reduced"
                    if config.speed_check != "off" else ""))
     return "ToMe is not applied to this model."

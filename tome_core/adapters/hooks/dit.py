@@ -20,18 +20,21 @@ from ...engine.blocks import chosen_blocks
 from ...engine.config import ToMeConfig, require_dit_config
 from ...engine.schedule import timestep_value
 from .unet import not_compiled
-from ...catalogue.diffusers_dits import KeyInputs, family_of, find_dit, supported_classes, unsupported_dit
+from ...catalogue.diffusers_dits import (KeyInputs, family_of, find_dit, merging_families, supported_classes,
+                                         unsupported_dit)
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
 from ...engine.kv_state import KVPatchState
-
-STATE_ATTR = "_tome_dit"
+from . import dit_merge
+from .dit_merge import STATE_ATTR
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
 def check_config(model: torch.nn.Module, config: ToMeConfig) -> None:
     """Refuse what would give users a different image than they asked for, naming the model and the fix."""
-    require_dit_config(config, type(model).__name__)
+    family = family_of(model)
+    require_dit_config(config, type(model).__name__, merges=family is not None and family.merge is not None,
+                       merge_families=merging_families())
 
 
 class _KVMode(TorchFunctionMode):
@@ -201,8 +204,9 @@ def in_block_range(model: torch.nn.Module, modules: List[Tuple[str, torch.nn.Mod
     return [entry for entry in modules if entry[0].rsplit(".", 1)[0] in chosen]
 
 
-def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[str]] = None) -> DiTState:
-    """Hook the attentions of ``model`` (a supported DiT; see ``find_dit``). Raises before patching anything.
+def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[str]] = None) -> KVPatchState:
+    """Hook the attentions (mode kv) or the blocks (mode merge: ``dit_merge``) of ``model`` (a supported DiT; see
+    ``find_dit``). Raises before patching anything.
 
     blocks: names from ``attention_names`` to patch (None: all); used to measure which blocks
     tolerate reduction.
@@ -215,6 +219,8 @@ def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[st
         if unknown:
             raise ValueError(f"ToMe: {type(model).__name__} has no attention {unknown[:3]}; see attention_names().")
         modules = [entry for entry in modules if entry[0] in set(blocks)]
+    if config.mode == "merge":  # whole blocks: any attention backend
+        return dit_merge.install(model, config, modules)
     _check_backends(model, modules)
     state = DiTState(model, config, modules)
     state.handles.append(model.register_forward_pre_hook(_on_model_call, with_kwargs=True))

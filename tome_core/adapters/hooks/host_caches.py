@@ -5,7 +5,8 @@ SeaCache) return a module's output from an earlier step instead of running it. T
 outside those (PyTorch runs forward hooks around whatever ``forward`` a host installed), so:
 - a cache on a whole transformer block or on a kv-reduced self-attention holds full-size outputs,
   valid at any step: both act, and ToMe has nothing to reduce on a call the cache skips;
-- a cache on a module ToMe merges around (mode "merge": attn1, and attn2/ff where merged) or inside
+- a cache on a module ToMe merges around (mode "merge": attn1, and attn2/ff where merged; on a DiT its whole
+  blocks and all inside them) or inside
   a kv-reduced attention (its projections see the reduced keys/values) would hand back tokens
   merged or picked for another step, which unmerge would scatter to the wrong positions. That is
   refused, at ``apply_patch`` or at the first model call after the cache was added, naming the
@@ -44,11 +45,12 @@ def cache_on(module: torch.nn.Module) -> Optional[str]:
     return None
 
 
-def refuse_caches_inside(guarded: Iterable[Guarded], mode: str) -> None:
+def refuse_caches_inside(guarded: Iterable[Guarded], mode: str, fix: Optional[str] = None) -> None:
     """Raise RuntimeError if a diffusers cache hook sits on a module ToMe changes the tokens of.
 
     guarded: the modules ToMe's hooks change (see hooks.py); cheap enough to run once per model call
     (a dict lookup per module of the hooked attentions, no tensor work, no host sync).
+    fix: what works instead, where the mode's usual advice does not apply (a DiT's merged blocks).
     """
     for name, module, include_self in guarded:
         for sub_name, sub in module.named_modules(prefix=name):
@@ -57,7 +59,7 @@ def refuse_caches_inside(guarded: Iterable[Guarded], mode: str) -> None:
             technique = cache_on(sub)
             if technique is None:
                 continue
-            fix = ("use mode='kv' (it keeps every query, so a cached attention output stays valid), or apply "
+            fix = fix or ("use mode='kv' (it keeps every query, so a cached attention output stays valid), or apply "
                    f"{technique} to whole transformer blocks" if mode == "merge" else
                    f"apply {technique} to the attention module or its transformer block, not to its projections")
             raise RuntimeError(

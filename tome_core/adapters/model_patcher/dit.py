@@ -20,13 +20,14 @@ from ...engine.config import ToMeConfig, require_dit_config
 from ...engine.blocks import chosen_blocks
 from ...engine.schedule import SigmaWindow, sigma_value
 from ...catalogue.comfy_dits import (ComfyDiT, base_model, block_offsets, default_start, family_of, grid_last,
-                                    supported_names, unreached)
+                                    merging_names, supported_names, unreached)
 from .layout import ambiguous_lengths, token_layout
 from .reports import ReportBasis, agrees, host_report, report_basis, reported_layout
 from ...catalogue.families import ModelFamily, family_of_binding
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
 from ...engine.kv_state import KVPatchState
+from . import dit_merge
 
 OVERRIDE = "optimized_attention_override"
 WRAPPER_KEY = "tome_dit_kv"
@@ -335,8 +336,8 @@ def check_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Optional[Tuple[
     block choice (``blocks_on``).
 
     Raises TypeError naming the model for diffusion models the override cannot reach (PixArt,
-    HunyuanDiT, UNets...), ValueError for settings that do not apply (mode "merge", avg, a block range
-    holding no block), and RuntimeError on a ComfyUI without ``optimized_attention_override``.
+    HunyuanDiT, UNets...), ValueError for settings that do not apply (mode "merge" where the family has no merge
+    binding, avg, a block range holding no block), and RuntimeError on a ComfyUI without ``optimized_attention_override``.
     """
     diffusion_model = _diffusion_model(patcher)
     if _family_entry(diffusion_model) is None:
@@ -348,7 +349,9 @@ def check_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Optional[Tuple[
     reason = unreached(diffusion_model)
     if reason:
         raise TypeError(f"ToMe: {type(base_model(diffusion_model)).__name__} cannot be reduced here: {reason}.")
-    require_dit_config(config, type(base_model(diffusion_model)).__name__)
+    entry = _family_entry(diffusion_model)
+    require_dit_config(config, type(base_model(diffusion_model)).__name__, merges=entry.merge_joint is not None,
+                       merge_families=merging_names())
     chosen = blocks_on(diffusion_model, config)
     if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():
         raise RuntimeError("ToMe: this ComfyUI has no transformer_options['optimized_attention_override'] "
@@ -357,7 +360,8 @@ def check_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Optional[Tuple[
 
 
 def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
-    """A clone of ``patcher`` with mode "kv" on its DiT; the input patcher is never changed.
+    """A clone of ``patcher`` with mode "kv" (or "merge", ``dit_merge``) on its DiT; the input patcher is never
+    changed.
 
     Refuses (see ``check_dit_model_patcher``) before cloning: nothing is patched then.
     """
@@ -365,6 +369,11 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     diffusion_model = _diffusion_model(patcher)
     sampling = patcher.get_model_object("model_sampling")
     window = SigmaWindow.from_percents(config.start_percent, config.end_percent, sampling.percent_to_sigma)
+    if config.mode == "merge":  # whole blocks through "dit" block replace patches (dit_merge.py)
+        entry = _family_entry(diffusion_model)
+        blocks = dit_merge.merge_blocks(entry, diffusion_model, _block_offsets(diffusion_model)[0], chosen)
+        state = dit_merge.DiTMergePatch(config, window, entry, blocks)
+        return dit_merge.attach(patcher.clone(), state, WRAPPER_KEY, APPLY_MODEL)
     state = DiTKVPatch(config, window=window, family=_family_entry(diffusion_model), blocks=chosen,
                        block_offsets=_block_offsets(diffusion_model)[0],
                        image_only_attention=has_image_only_attention(diffusion_model),

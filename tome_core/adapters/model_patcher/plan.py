@@ -39,9 +39,9 @@ def plan_patch(patcher: Any, config: ToMeConfig) -> PatchPlan:
         return PatchPlan("unet", description, lambda: patch_model_patcher(patcher, config))
     chosen = check_dit_model_patcher(patcher, config)  # every refusal, naming the model
     count = block_count(patcher)
+    kv_window = window_for_dims(config.ratio, family.grid_dims, config.sx, config.sy) if config.mode == "kv" else ()
     description = dict(config.as_dict(), kind="dit", base_downsample=1, model_type=model_type, family=family.name,
-                       title=family.title, kv_window=list(window_for_dims(config.ratio, family.grid_dims, config.sx,
-                                                                          config.sy)),
+                       title=family.title, kv_window=list(kv_window),
                        blocks=[count if chosen is None else sum(chosen), count])
     return PatchPlan("dit", description, lambda: patch_dit_model_patcher(patcher, config))
 

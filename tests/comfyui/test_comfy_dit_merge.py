@@ -1,0 +1,157 @@
+"""Mode "merge" on ComfyUI's own Flux and Qwen-Image classes: fewer image tokens through whole blocks.
+
+Reduced-size models with seeded weights (test_comfy_dit's and test_comfy_families' builders), sampled by ComfyUI
+(comfy.sample.sample), so the wrappers, transformer_options and the "dit" block replace patches are ComfyUI's
+own. What the blocks receive is recorded by a replace patch set by "another node" before ToMe, which ToMe
+keeps and calls with the merged tokens.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_comfy_dit import comfy, flux, sample, spy_on, wan  # noqa: F401
+from test_comfy_families import qwen_image
+
+from tome_core.adapters.model_patcher.dit import patch_dit_model_patcher
+from tome_core.adapters.model_patcher.plan import plan_patch
+from tome_core.engine.config import ToMeConfig
+from tome_core.engine.grid import TokenLayout
+
+FAMILIES = {"flux": lambda comfy: flux(comfy)[:4], "qwen_image": lambda comfy: qwen_image(comfy)[:4]}
+# The blocks of the default range: Flux its single blocks (as mode kv), Qwen-Image all.
+DEFAULT_BLOCKS = {"flux": [("single_block", 0), ("single_block", 1)],
+                  "qwen_image": [("double_block", 0), ("double_block", 1)]}
+
+
+def merge(ratio: float = 0.5, **settings) -> ToMeConfig:
+    return ToMeConfig(ratio=ratio, mode="merge", **settings)
+
+
+def record_blocks(patcher, blocks):
+    """A replace patch on ``blocks`` set by another node: records each call's args, then runs the block."""
+    seen = []
+    for kind, index in blocks:
+        def spy(args, extra, key=(kind, index)):
+            seen.append((key, {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}))
+            return extra["original_block"](args)
+        patcher.set_model_patch_replace(spy, "dit", kind, index)
+    return seen
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_identity_bounded_change_and_original_untouched(comfy, family):
+    patcher, latent, cond, _ = FAMILIES[family](comfy)
+    expected = sample(comfy, patcher, latent, cond)
+    assert torch.equal(sample(comfy, patch_dit_model_patcher(patcher, merge(0.0)), latent, cond), expected)
+    on = patch_dit_model_patcher(patcher, merge(0.5))
+    changed = sample(comfy, on, latent, cond)
+    rel = ((changed - expected).norm() / expected.norm()).item()
+    assert torch.isfinite(changed).all() and 0 < rel < 1.0, rel
+    assert not patcher.wrappers.get("apply_model")
+    assert not patcher.model_options.get("transformer_options", {}).get("patches_replace")
+    assert torch.equal(sample(comfy, patcher, latent, cond), expected)  # the input MODEL is unchanged
+    assert torch.equal(sample(comfy, on, latent, cond), changed)  # same seed, same output
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_blocks_carry_fewer_image_tokens_text_whole_and_rope_follows(comfy, family):
+    """The blocks of the range get int(r * grid) fewer image tokens; the text rows (and, in the first reduced block,
+    whose input is vanilla's, the text's hidden states) are unchanged; each image row of the rotary table is the
+    row of a distinct real token, in raster order."""
+    patcher, latent, cond, where = FAMILIES[family](comfy)
+    blocks = DEFAULT_BLOCKS[family]
+    vanilla_base = patcher.clone()
+    vanilla = record_blocks(vanilla_base, blocks)
+    sample(comfy, vanilla_base, latent, cond, steps=1)
+    base = patcher.clone()
+    merged = record_blocks(base, blocks)
+    on = patch_dit_model_patcher(base, merge(0.5, seed=3))
+    sample(comfy, on, latent, cond, steps=1)
+    assert [key for key, _ in merged] == [key for key, _ in vanilla] and merged
+    text, grid = where["prefix"], where["grid"]
+    slots = grid - int(0.5 * grid)
+    state = on.wrappers["apply_model"]["tome_dit_kv"][0].__self__  # the clone's DiTMergePatch
+    kept = state.last_call.match.on(TokenLayout(state.last_call.layout.grid)).kept  # the grid's kept tokens
+    assert kept.numel() == slots and torch.equal(kept, kept.unique())
+    for (key, full), (_, cut) in zip(vanilla, merged):
+        joint = key[0] == "single_block"  # Flux's single blocks: "img" is [text, image]
+        assert cut["img"].shape[1] == (text if joint else 0) + slots
+        assert cut["pe"].shape[2] == text + slots
+        assert torch.equal(cut["pe"][:, :, :text], full["pe"][:, :, :text])
+        # each image slot at its own representative's position (the call's kept tokens, after the text)
+        assert torch.equal(cut["pe"][:, :, text:], full["pe"][:, :, text:].index_select(2, kept))
+    (_, full), (_, cut) = vanilla[0], merged[0]
+    if "txt" in full:
+        assert torch.equal(cut["txt"], full["txt"])
+    else:
+        assert torch.equal(cut["img"][:, :text], full["img"][:, :text])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_odd_sizes_batches_and_bf16(comfy, family, dtype, batch):
+    """Odd grid sides (5 x 7), a batch of 1 or 3, the model in float32 or bf16: ratio 0 is the unpatched output bit
+    for bit; 0.75 changes it, stays finite, and reaches every block of the range."""
+    from test_comfy_families import _seeded_patcher
+
+    patcher, latent, cond, _ = FAMILIES[family](comfy)
+    if dtype != torch.float32:
+        config = patcher.model.model_config
+        config.set_inference_dtype(dtype, None)
+        patcher = _seeded_patcher(comfy, config.get_model({}))
+    latent = latent.expand(batch, *latent.shape[1:]).clone()
+    expected = sample(comfy, patcher, latent, cond, steps=1)
+    assert torch.equal(sample(comfy, patch_dit_model_patcher(patcher, merge(0.0)), latent, cond, steps=1), expected)
+    on = patch_dit_model_patcher(patcher, merge(0.75))
+    changed = sample(comfy, on, latent, cond, steps=1)
+    assert changed.shape == expected.shape and torch.isfinite(changed).all() and not torch.equal(changed, expected)
+
+
+def test_another_nodes_block_patch_still_acts(comfy):
+    """A replace patch set before ToMe on a block of its range is kept and called, with the merged tokens."""
+    patcher, latent, cond, where = flux(comfy)
+    base = patcher.clone()
+    seen = record_blocks(base, [("single_block", 1)])
+    on = patch_dit_model_patcher(base, merge(0.5))
+    sample(comfy, on, latent, cond, steps=1)
+    assert len(seen) == 1 and seen[0][1]["img"].shape[1] == where["prefix"] + where["grid"] - int(0.5 * where["grid"])
+    again = patch_dit_model_patcher(on, merge(0.5))  # re-patching replaces ToMe's patch, keeps the other node's
+    seen.clear()
+    sample(comfy, again, latent, cond, steps=1)
+    assert len(seen) == 1
+
+
+def test_blocks_run_without_the_replace_patches_stop_the_prompt(comfy):
+    """A node that runs the model without ComfyUI's block replace patches (as a forward-replacing step cache does)
+    would drop ToMe silently: the first model call raises, naming why and what to do."""
+    patcher, latent, cond, _ = flux(comfy)
+    on = patch_dit_model_patcher(patcher, merge(0.5))
+
+    def without_block_patches(executor, x, t, c_concat=None, c_crossattn=None, control=None,
+                              transformer_options=None, **kwargs):
+        options = dict(transformer_options or {}, patches_replace={})
+        return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+
+    on.add_wrapper_with_key("apply_model", "a_cache_node", without_block_patches)
+    with pytest.raises(RuntimeError, match="mode merge never reached a block of Flux.*mode kv"):
+        sample(comfy, on, latent, cond, steps=1)
+
+
+def test_families_without_merge_and_reference_calls_are_refused(comfy):
+    patcher, _, _, _ = wan(comfy)
+    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image.*WanModel.*mode='kv'"):
+        plan_patch(patcher, merge(0.5))
+    patcher, latent, cond, _, _ = qwen_image(comfy, refs=True)
+    with pytest.raises(ValueError, match="does not reduce qwen_image calls with reference images.*mode kv"):
+        sample(comfy, patch_dit_model_patcher(patcher, merge(0.5)), latent, cond, steps=1)
+
+
+def test_the_plan_describes_mode_merge(comfy):
+    patcher, _, _, _ = flux(comfy)
+    plan = plan_patch(patcher, merge(0.5))
+    assert plan.kind == "dit" and plan.description["mode"] == "merge" and plan.description["kv_window"] == []
+    assert plan.description["blocks"] == [2, 3] and plan.description["family"] == "flux"
+    spy_on(patcher)  # an attention override set by another node does not stop mode merge
+    assert plan.attach() is not patcher

@@ -1,0 +1,82 @@
+"""The DiT merge engine (tome_core.engine.token_merge): which tokens merge, where they go, and exact means."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tome_core.engine.grid import TokenLayout
+from tome_core.engine.kv import pick_index_nd
+from tome_core.engine.token_merge import match_grid, merge_window, plan_token_merge
+
+
+def planned(layout: TokenLayout, ratio: float, batch: int = 2, seed: int = 0, generator_seed=None):
+    x = torch.randn(batch, layout.length, 8, generator=torch.Generator().manual_seed(seed))
+    window = merge_window(layout.grid, 2, 2)
+    generator = None if generator_seed is None else torch.Generator().manual_seed(generator_seed)
+    destinations = pick_index_nd(layout.grid, window, generator)
+    return x, window, destinations, plan_token_merge(x, layout, ratio, destinations, window)
+
+
+@pytest.mark.parametrize("grid", [(6, 8), (5, 7), (3, 5, 7)])
+@pytest.mark.parametrize("ratio", [0.0, 0.25, 0.5, 0.75])
+def test_merges_int_ratio_tokens_within_their_own_window(grid, ratio):
+    layout = TokenLayout(grid, prefix=3, suffix=2)
+    x, window, destinations, merge = planned(layout, ratio, generator_seed=4)
+    n = layout.grid_tokens
+    removed = min(int(ratio * n), n - destinations.numel())
+    assert merge.slots == layout.length - removed and merge.counts.sum() == layout.length
+    group, kept = merge.group, merge.kept
+    assert torch.equal(kept, kept.unique())  # ascending, distinct
+    assert torch.equal(group[kept], torch.arange(merge.slots))  # each representative carried in its own slot
+    # text and tokens after the grid are never merged
+    outside = torch.cat([torch.arange(3), torch.arange(layout.length - 2, layout.length)])
+    assert (merge.counts[group[outside]] == 1).all()
+    # a merged token's representative is a destination in the same window (same frame, same window cell)
+    coords = torch.stack(torch.meshgrid(*[torch.arange(s) for s in grid], indexing="ij"), -1).reshape(-1, len(grid))
+    cell = coords // torch.tensor(window)
+    merged_away = [i for i in range(n) if kept[group[3 + i]] != 3 + i]
+    assert len(merged_away) == removed
+    for i in merged_away:
+        target = int(kept[group[3 + i]]) - 3
+        assert target in destinations.tolist() and torch.equal(cell[i], cell[target])
+
+
+def test_merge_is_the_mean_and_unmerge_adds_each_slots_update():
+    layout = TokenLayout((4, 6), prefix=2)
+    x, _, _, merge = planned(layout, 0.5)
+    merged = merge.merge(x)
+    for slot in range(merge.slots):
+        members = (merge.group == slot).nonzero().flatten()
+        assert torch.allclose(merged[:, slot], x[:, members].mean(1), atol=1e-6)
+    update = torch.randn_like(merged)
+    out = merge.unmerge_update(x, merged, merged + update)
+    assert torch.allclose(out, x + update[:, merge.group])
+    assert torch.equal(merge.unmerge_update(x, merged, merged), x)  # a block that changes nothing changes nothing
+
+
+def test_one_matching_for_the_batch_from_the_summed_similarity():
+    """Similar pairs in every sample merge first; the matching is one for the batch (a table without a batch axis,
+    diffusers' RoPE, is cut with one index)."""
+    grid = (2, 4)
+    window = merge_window(grid, 2, 2)
+    destinations = torch.tensor([0, 2])  # windows {0, 1, 4, 5} and {2, 3, 6, 7}
+    tokens = torch.randn(3, 8, 16, generator=torch.Generator().manual_seed(1))
+    tokens[:, 5] = tokens[:, 0] * 2  # same direction as its destination in every sample
+    tokens[:, 7] = tokens[:, 2] + 0.01
+    match = match_grid(tokens, grid, 0.25, destinations, window)
+    assert match.removed == 2 and sorted(match.merged_away.nonzero().flatten().tolist()) == [5, 7]
+    assert match.target.tolist() == [0, 1, 2, 3, 4, 0, 6, 2]
+
+
+def test_take_cuts_a_table_to_the_merged_stream():
+    layout = TokenLayout((4, 4))
+    _, _, _, merge = planned(layout, 0.5)
+    table = torch.arange(5 + 16).float()[:, None]  # 5 text rows, then the stream's
+    cut = merge.take(table, 0, offset=5, before=5)
+    assert torch.equal(cut[:5, 0], torch.arange(5.0)) and torch.equal(cut[5:, 0], merge.kept.float() + 5)
+
+
+def test_ratio_zero_merges_nothing():
+    layout = TokenLayout((4, 4), prefix=1)
+    x, _, _, merge = planned(layout, 0.0)
+    assert merge.slots == layout.length and torch.equal(merge.merge(x), x)

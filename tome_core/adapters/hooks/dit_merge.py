@@ -1,0 +1,169 @@
+"""Mode "merge" on diffusers DiTs: fewer image tokens through whole blocks, through per-block hooks.
+
+A forward pre-hook on the transformer reads each call's layout and step once; a pre-hook on each block of
+the block range hands the block the merged image stream (and the rotary table and per-token inputs cut to
+it); a forward hook puts the block's update back on the full stream (``TokenMerge.unmerge_update``). The
+matching is planned from the first reduced block's input and reused by the call's other blocks. Text and
+every token outside the grid pass whole. No block is replaced or copied; removal takes the hooks and the
+state attribute (shared with mode kv, so ``remove_patch``/``is_patched`` treat both alike).
+"""
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ...catalogue.diffusers_dits import family_of
+from ...engine.config import ToMeConfig
+from ...engine.grid import TokenLayout
+from ...engine.kv_state import KVPatchState
+from ...engine.schedule import timestep_value
+from ...engine.token_merge import TokenMerge, merge_window, plan_token_merge
+from .host_caches import refuse_caches_inside
+from .unet import not_compiled
+
+STATE_ATTR = "_tome_dit"  # one attribute for both DiT modes: remove_patch and is_patched treat them alike
+
+
+class _Call:
+    """One model call's merge: the image stream's layout, the text length, the step, and (once the first reduced
+    block has run) the matching and the cut rotary table, shared by the call's other blocks."""
+
+    def __init__(self, stream: TokenLayout, text: int, step: float) -> None:
+        self.stream, self.text, self.step = stream, text, step
+        self.merge: Optional[TokenMerge] = None
+        self.rope: Dict[int, Any] = {}
+
+
+class DiTMergeState(KVPatchState):
+    """Everything a mode-merge patch keeps; lives on the transformer as ``_tome_dit`` (as mode kv's state)."""
+
+    def __init__(self, model: torch.nn.Module, config: ToMeConfig, blocks: List[Tuple[str, torch.nn.Module]]):
+        super().__init__(config)
+        self.family = family_of(model)
+        self.blocks = blocks
+        self.modules = blocks  # what describe() counts
+        self.handles: List[Any] = []
+        self.current: Optional[_Call] = None
+        self.pending: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+@not_compiled  # host reads (step, Flux's ids) and the seeded picks stay out of torch.compile's graph
+def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    state: DiTMergeState = model.__dict__[STATE_ATTR]
+    state.current = None
+    state.pending.clear()
+    config = state.config
+    if not config.enabled:
+        return
+    refuse_caches(state.blocks)  # a cache added after apply_patch
+    tokens = state.family.read(model, {"args": args, "kwargs": kwargs})
+    if tokens is None or len(tokens.grid) not in (2, 3) or min(tokens.grid) < 1:
+        state.warn_once("layout", f"ToMe: {type(model).__name__}: could not place the image tokens of this call; "
+                        "its blocks run whole.")
+        return
+    stream = TokenLayout(tokens.grid, prefix=tokens.before, suffix=tokens.after)
+    if stream.grid_tokens < max(config.min_tokens, 4):
+        return
+    spec = state.family.timestep
+    step = timestep_value(kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)) or 0.0
+    if config.in_schedule(spec.progress(step)):
+        state.current = _Call(stream, tokens.text, step)
+
+
+@lru_cache(maxsize=None)
+def _signature(cls: type) -> inspect.Signature:
+    return inspect.signature(cls.forward)
+
+
+def _keywords(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[dict]:
+    """The block call as keywords (gradient checkpointing calls blocks positionally), None if it does not bind."""
+    if not args:
+        return dict(kwargs)
+    try:
+        bound = _signature(type(module)).bind(module, *args, **kwargs)
+    except TypeError:
+        return None
+    named = dict(bound.arguments)
+    named.pop(next(iter(named)))  # self
+    for name, parameter in _signature(type(module)).parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(named.pop(name, {}))
+    return named
+
+
+def _enter(state: DiTMergeState, name: str):
+    def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
+        call = state.current
+        if call is None:
+            return None
+        named = _keywords(module, args, kwargs)
+        hidden = None if named is None else named.get("hidden_states")
+        if not isinstance(hidden, torch.Tensor) or hidden.ndim != 3 or hidden.shape[1] != call.stream.length:
+            state.warn_once(f"skip:{name}", f"ToMe: {name}: its image stream does not match the call's layout "
+                            f"{call.stream}; this block runs whole.")
+            return None
+        if call.merge is None:
+            config = state.config
+            window = merge_window(call.stream.grid, config.sx, config.sy)
+            destinations = state.destinations_for(call.stream.grid, window, call.step, hidden.device)
+            call.merge = plan_token_merge(hidden, call.stream, config.ratio, destinations, window)
+        merge, inputs = call.merge, state.family.merge
+        merged = merge.merge(hidden)
+        named["hidden_states"] = merged
+        rope = named.get("image_rotary_emb")
+        if rope is not None:
+            if id(rope) not in call.rope:  # one cut per call: every block gets the same table
+                call.rope[id(rope)] = (rope, inputs.rope(rope, merge, call.text))
+            named["image_rotary_emb"] = call.rope[id(rope)][1]
+        for key in inputs.per_token:
+            if isinstance(named.get(key), torch.Tensor):
+                named[key] = merge.take(named[key], 1)
+        state.pending[id(module)] = (hidden, merged)
+        if not torch.compiler.is_compiling():  # a diagnostic count; in traced code an int guard, a recompile
+            state.reduced_calls += 1
+        return (), named
+    return pre_hook
+
+
+def _leave(state: DiTMergeState):
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        held = state.pending.pop(id(module), None)
+        if held is None or state.current is None or state.current.merge is None:
+            return None
+        hidden, merged = held
+        at = state.family.merge.output
+        out = list(output)
+        out[at] = state.current.merge.unmerge_update(hidden, merged, out[at])
+        return tuple(out)
+    return hook
+
+
+def refuse_caches(blocks: List[Tuple[str, torch.nn.Module]]) -> None:
+    """A diffusers step cache on a merged block (FirstBlockCache, MagCache) or inside one (PyramidAttentionBroadcast,
+    TaylorSeer) would return merged tokens of another step's matching: refused, naming it and what works."""
+    refuse_caches_inside([(name, block, True) for name, block in blocks], "merge",
+                         fix="use mode='kv' on this transformer (its blocks then see every token, so a cached "
+                             "block or attention output stays valid)")
+
+
+def block_names(model: torch.nn.Module, modules: List[Tuple[str, torch.nn.Module, str]]) -> List[str]:
+    """The blocks (the attention names without their last part) holding ``modules``, in run order."""
+    return list(dict.fromkeys(name.rsplit(".", 1)[0] for name, _, _ in modules))
+
+
+def install(model: torch.nn.Module, config: ToMeConfig,
+            modules: List[Tuple[str, torch.nn.Module, str]]) -> DiTMergeState:
+    """Hook the blocks holding ``modules`` (the block range's attentions) of ``model``."""
+    blocks = [(name, model.get_submodule(name)) for name in block_names(model, modules)]
+    if config.enabled:
+        refuse_caches(blocks)
+    state = DiTMergeState(model, config, blocks)
+    state.handles.append(model.register_forward_pre_hook(_on_model_call, with_kwargs=True))
+    for name, block in blocks:
+        state.handles.append(block.register_forward_pre_hook(_enter(state, name), with_kwargs=True))
+        state.handles.append(block.register_forward_hook(_leave(state), with_kwargs=True))
+    model.__dict__[STATE_ATTR] = state
+    return state

@@ -1,0 +1,172 @@
+"""Mode "merge" on ComfyUI's DiTs: fewer image tokens through whole blocks, through its public patch API.
+
+Two host mechanisms, both per patched clone: the APPLY_MODEL wrapper (``add_wrapper_with_key``) reads each
+model call's layout and sigma once and puts a ``_MergeCall`` in that call's ``transformer_options``; a "dit"
+block replace patch (``set_model_patch_replace``, the one Flux, Qwen-Image, Wan and LTX call around every
+block as ``blocks_replace[("double_block", i)]``) hands the block the merged image tokens and the rotary
+table cut to them, and puts the block's update back on every token afterwards. A replace patch another node
+set on the same block before ToMe is kept and called with the merged tokens (both act). The matching is
+planned from the first reduced block's input and shared by the call's other blocks and streams.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from ...catalogue.comfy_dits import ComfyDiT, base_model
+from ...engine.config import ToMeConfig
+from ...engine.grid import TokenLayout
+from ...engine.kv_state import KVPatchState
+from ...engine.schedule import SigmaWindow, sigma_value
+from ...engine.token_merge import GridMatch, TokenMerge, match_grid, merge_window
+from .layout import token_layout
+
+CALL_KEY = "tome_merge_call"  # transformer_options key of the running model call's _MergeCall
+
+
+class _MergeCall:
+    """One model call: its joint layout ([text, image ...]), sigma, the matching once planned, the merges of each
+    stream layout built from it, and whether any block patch ran (``reached``)."""
+
+    def __init__(self, layout: TokenLayout, sigma: float) -> None:
+        self.layout, self.sigma = layout, sigma
+        self.match: Optional[GridMatch] = None
+        self.merges: Dict[TokenLayout, TokenMerge] = {}
+        self.pe: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self.reached = False
+
+    def merge_on(self, layout: TokenLayout) -> TokenMerge:
+        if layout not in self.merges:
+            self.merges[layout] = self.match.on(layout)
+        return self.merges[layout]
+
+
+class DiTMergePatch(KVPatchState):
+    """The state of one clone patched in mode merge: config, sigma window, family and the blocks it covers."""
+
+    def __init__(self, config: ToMeConfig, window: SigmaWindow, family: ComfyDiT,
+                 blocks: List[Tuple[str, int]]) -> None:
+        super().__init__(config)
+        self.window, self.family, self.blocks = window, family, blocks
+        self.reach_checked = False
+        self.last_call: Optional[_MergeCall] = None  # the latest reduced model call (for tests and diagnostics)
+
+    def apply_model_wrapper(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None,
+                            c_crossattn: Any = None, control: Any = None, transformer_options: Optional[dict] = None,
+                            **kwargs: Any) -> Any:
+        """APPLY_MODEL wrapper: this call's plan in its transformer_options; a first call no block patch reached
+        stops the prompt (a node that replaced the model's forward would otherwise drop ToMe silently)."""
+        options = transformer_options if transformer_options is not None else {}
+        call = self._plan(executor.class_obj, x, t, c_crossattn, kwargs)
+        if call is None:
+            return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+        options[CALL_KEY] = self.last_call = call
+        try:
+            out = executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+        finally:
+            options.pop(CALL_KEY, None)
+        if not self.reach_checked:  # the first reduced call only: a step cache may skip later ones whole
+            self.reach_checked = True
+            if not call.reached:
+                model = base_model(executor.class_obj.diffusion_model)
+                raise RuntimeError(
+                    f"ToMe: mode merge never reached a block of {type(model).__name__}: its blocks ran without "
+                    "ComfyUI's block replace patches (a node replaced the model's forward, e.g. a step cache, or "
+                    "this ComfyUI calls them directly). Put ToMe after that node, use mode kv, or remove one.")
+        return out
+
+    def _plan(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict) -> Optional[_MergeCall]:
+        config = self.config
+        if not config.enabled:
+            return None
+        context = context if isinstance(context, torch.Tensor) else None
+        layout = token_layout(base.diffusion_model, x, context, extra)
+        if layout is None or layout.grid_tokens < max(config.min_tokens, 4):
+            return None
+        if layout.suffix:
+            raise self._references()
+        sigma = sigma_value(t)  # one host read per model call (not per block): the schedule and the seed
+        return _MergeCall(layout, sigma) if self.window.contains(sigma) else None
+
+    def _references(self) -> ValueError:
+        return ValueError(f"ToMe: mode merge does not reduce {self.family.name} calls with reference images (Kontext, "
+                          "Qwen-Image Edit) yet: use mode kv for them.")
+
+    def block_patch(self, kind: str, previous: Optional[Callable]) -> Callable:
+        """The replace patch of one block of reported type ``kind``; calls ``previous`` (another node's) inside."""
+        joint = kind in self.family.merge_joint
+
+        def tome_merge_block(args: dict, extra: dict) -> dict:
+            options = args.get("transformer_options") or {}
+            call: Optional[_MergeCall] = options.get(CALL_KEY)
+            run = (lambda a: previous(a, extra)) if previous is not None else extra["original_block"]
+            if call is None:
+                return run(args)
+            call.reached = True
+            merged_args = self._merged(call, args, joint)
+            if merged_args is None:
+                return run(args)
+            img, merged, merge = merged_args.pop("_tome")
+            out = dict(run(merged_args))
+            out["img"] = merge.unmerge_update(img, merged, out["img"])
+            return out
+
+        return tome_merge_block
+
+    def _merged(self, call: _MergeCall, args: dict, joint: bool) -> Optional[dict]:
+        """The block's args with the merged image tokens and the cut rotary table, or None to run it whole."""
+        img, pe, layout = args.get("img"), args.get("pe"), call.layout
+        text = 0 if joint else (args["txt"].shape[1] if isinstance(args.get("txt"), torch.Tensor) else -1)
+        stream = layout if joint else TokenLayout(layout.grid, prefix=layout.prefix - text, suffix=layout.suffix)
+        if isinstance(img, torch.Tensor) and text >= 0 and img.ndim == 3 and img.shape[1] > stream.length:
+            raise self._references()  # tokens the model appends after the grid (reference latents)
+        if text < 0 or stream.prefix < 0 or not isinstance(img, torch.Tensor) or img.shape[1] != stream.length \
+                or args.get("attn_mask") is not None:
+            self.warn_once(f"whole:{joint}", f"ToMe: a {self.family.name} block's tokens do not match the call's "
+                           f"layout {layout} (or it has an attention mask); such blocks run whole.")
+            return None
+        if call.match is None:
+            config = self.config
+            window = merge_window(layout.grid, config.sx, config.sy)
+            destinations = self.destinations_for(layout.grid, window, call.sigma, img.device)
+            tokens = img[:, stream.prefix:stream.prefix + layout.grid_tokens]
+            call.match = match_grid(tokens, layout.grid, config.ratio, destinations, window)
+        merge = call.merge_on(stream)
+        merged = merge.merge(img)
+        out = dict(args, img=merged, _tome=(img, merged, merge))
+        if isinstance(pe, torch.Tensor):  # over [text, image] on axis 2 (Flux's and Qwen-Image's EmbedND)
+            if id(pe) not in call.pe:
+                call.pe[id(pe)] = (pe, call.merge_on(layout).take(pe, 2))
+            out["pe"] = call.pe[id(pe)][1]
+        if not torch.compiler.is_compiling():
+            self.reduced_calls += 1
+        return out
+
+
+def merge_blocks(family: ComfyDiT, diffusion_model: Any, offsets: Dict[str, int],
+                 chosen: Optional[Tuple[bool, ...]]) -> List[Tuple[str, int]]:
+    """(reported block type, index) of every block the block range holds, in depth order."""
+    model = base_model(diffusion_model)
+    found = []
+    for blocks in family.blocks:
+        for i in range(len(getattr(model, blocks.attr, None) or ())):
+            depth = offsets.get(blocks.reported, 0) + i
+            if chosen is None or (depth < len(chosen) and chosen[depth]):
+                found.append((blocks.reported, i))
+    return found
+
+
+def attach(clone: Any, state: DiTMergePatch, wrapper_key: str, apply_model: str) -> Any:
+    """Register the wrapper and one replace patch per block on ``clone``, chaining replace patches set before."""
+    replaced = clone.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
+    clone.remove_wrappers_with_key(apply_model, wrapper_key)  # re-patching replaces, never stacks
+    clone.add_wrapper_with_key(apply_model, wrapper_key, state.apply_model_wrapper)
+    for kind, index in state.blocks:
+        key = f"{kind}_block"
+        previous = replaced.get((key, index))
+        previous = getattr(previous, "tome_previous", previous) if getattr(previous, "tome_patch", False) else previous
+        patch = state.block_patch(kind, previous)
+        patch.tome_patch, patch.tome_previous = True, previous
+        clone.set_model_patch_replace(patch, "dit", key, index)
+    return clone
