@@ -175,7 +175,7 @@ def test_merge_and_avg_are_refused_naming_the_model(family):
     name = type(model).__name__
     if family != "flux":
         with pytest.raises(ValueError, match=f"reaches flux, qwen_image so far; {name} is not among them.*mode='kv'"):
-            apply_patch(model, ratio=0.5)
+            apply_patch(model, ratio=0.5, mode="merge")
     with pytest.raises(ValueError, match=f"not supported on {name}.*RoPE.*kv_downsample='nearest'"):
         apply_patch(model, ratio=0.5, mode="kv", kv_downsample="avg")
     assert not is_patched(model)

@@ -153,3 +153,12 @@ def test_group_offloading_composes():
     alone = run(model, inputs)
     model.enable_group_offload(torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1)
     assert torch.equal(run(model, inputs), alone)
+
+
+def test_without_a_mode_each_family_gets_its_default():
+    """apply_patch without ``mode``: the catalogue's default (Qwen-Image merge, Flux.1 and the others kv); UNets keep
+    tomesd's merge (test_engine_diffusers)."""
+    for make, expected in ((qwen_image, "merge"), (flux, "kv"), (wan, "kv")):
+        model, _, _ = make()
+        apply_patch(model, ratio=0.5)
+        assert model.__dict__[STATE_ATTR].config.mode == expected

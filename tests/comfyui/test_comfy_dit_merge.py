@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_comfy_dit import comfy, flux, sample, spy_on, wan  # noqa: F401
+from test_comfy_dit import comfy, flux, sample, spy_on, tome_package, wan  # noqa: F401
 from test_comfy_families import qwen_image
 
 from tome_core.adapters.model_patcher.dit import patch_dit_model_patcher
@@ -139,12 +139,29 @@ def test_blocks_run_without_the_replace_patches_stop_the_prompt(comfy):
         sample(comfy, on, latent, cond, steps=1)
 
 
-def test_families_without_merge_and_reference_calls_are_refused(comfy):
+def test_families_without_merge_are_refused(comfy):
     patcher, _, _, _ = wan(comfy)
     with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image.*WanModel.*mode='kv'"):
         plan_patch(patcher, merge(0.5))
-    patcher, latent, cond, _, _ = qwen_image(comfy, refs=True)
-    with pytest.raises(ValueError, match="does not reduce qwen_image calls with reference images.*mode kv"):
+
+
+def test_qwen_image_edit_reference_tokens_pass_whole(comfy):
+    """Qwen-Image Edit's reference latent (appended by the model after the grid): its tokens and their rotary rows
+    reach the blocks whole; where the conditioning asks for the zero-timestep reference method (Edit 2511: the
+    references modulated by position), merge stops the prompt naming mode kv."""
+    patcher, latent, cond, where, _ = qwen_image(comfy, refs=True)
+    blocks = DEFAULT_BLOCKS["qwen_image"]
+    vanilla_base, merged_base = patcher.clone(), patcher.clone()
+    vanilla, merged = record_blocks(vanilla_base, blocks), record_blocks(merged_base, blocks)
+    sample(comfy, vanilla_base, latent, cond, steps=1)
+    sample(comfy, patch_dit_model_patcher(merged_base, merge(0.5)), latent, cond, steps=1)
+    refs, grid = 12, where["grid"]
+    full, cut = vanilla[0][1], merged[0][1]
+    assert full["img"].shape[1] == grid + refs and cut["img"].shape[1] == grid - int(0.5 * grid) + refs
+    assert torch.equal(cut["img"][:, -refs:], full["img"][:, -refs:])
+    assert torch.equal(cut["pe"][:, :, -refs:], full["pe"][:, :, -refs:])
+    cond[0][1]["reference_latents_method"] = "index_timestep_zero"
+    with pytest.raises(ValueError, match="qwen_image calls whose reference images take the zero timestep.*mode kv"):
         sample(comfy, patch_dit_model_patcher(patcher, merge(0.5)), latent, cond, steps=1)
 
 
@@ -155,3 +172,15 @@ def test_the_plan_describes_mode_merge(comfy):
     assert plan.description["blocks"] == [2, 3] and plan.description["family"] == "flux"
     spy_on(patcher)  # an attention override set by another node does not stop mode merge
     assert plan.attach() is not patcher
+
+
+def test_the_basic_node_uses_each_familys_default_mode(comfy, tome_package):
+    """The basic node has no mode input: Qwen-Image gets merge (its catalogue default), Flux kv."""
+    from test_comfy_dit import _node_classes
+
+    tome_nodes = _node_classes(tome_package)
+    for make, expected in ((FAMILIES["qwen_image"], "merge"), (FAMILIES["flux"], "kv")):
+        patcher, latent, cond, _ = make(comfy)
+        out = tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)
+        assert out["ui"]["tome"][0]["mode"] == expected
+        assert torch.isfinite(sample(comfy, out["result"][0], latent, cond, steps=1)).all()

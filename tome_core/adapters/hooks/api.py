@@ -6,6 +6,7 @@ from typing import Optional, TypeVar
 from ...engine.config import ToMeConfig, require_all_blocks
 from . import dit as diffusers_dit
 from .unet import STATE_ATTR, check_partners, install, uninstall
+from ...catalogue.families import family_of_binding
 from ...catalogue.unets import attention_base_downsample
 from .targets import SUPPORTED, find_unets, patched_modules
 
@@ -23,7 +24,7 @@ def apply_patch(
     merge_crossattn: bool = False,
     merge_mlp: bool = False,
     *,
-    mode: str = "merge",
+    mode: Optional[str] = None,
     kv_downsample: str = "nearest",
     matching: str = "block",
     speed_check: str = "off",
@@ -43,7 +44,8 @@ def apply_patch(
     ``max_downsample`` counts from the model's first attention level, so SDXL is merged too.
     DiTs (the catalogue, tome_core.catalogue.families: Flux.1/.2, Chroma, Qwen-Image, SD3/3.5, Wan, HunyuanVideo, Lumina 2,
     Z-Image, LTX-Video, LTX-2) take mode "kv", and Flux.1 and Qwen-Image mode "merge" too (fewer image tokens
-    through whole blocks; ``tome_core.engine.token_merge``); block_start/block_end pick the share of their
+    through whole blocks; ``tome_core.engine.token_merge``). mode None: "merge" on UNets (tomesd's), the family's
+    default on DiTs (kv; merge on Qwen-Image). block_start/block_end pick the share of their
     blocks, in depth order, that is reduced (block_start None: the model's default, on Flux its single
     blocks); UNets refuse a range (max_downsample picks their levels).
     matching "level" (mode merge) matches each level once per model call instead of once per block.
@@ -52,6 +54,9 @@ def apply_patch(
     says what was decided.
     Applying again replaces the previous patch. Bad values raise before anything is patched.
     """
+    if mode is None:  # tomesd's merge on UNets; a DiT family's own default (catalogue: kv, merge on Qwen-Image)
+        dit = diffusers_dit.find_dit(model)
+        mode = family_of_binding(diffusers_dit.family_of(dit)).default_mode if dit is not None else "merge"
     config = ToMeConfig(
         ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, kv_downsample=kv_downsample,

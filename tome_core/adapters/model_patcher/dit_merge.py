@@ -29,8 +29,11 @@ class _MergeCall:
     """One model call: its joint layout ([text, image ...]), sigma, the matching once planned, the merges of each
     stream layout built from it, and whether any block patch ran (``reached``)."""
 
-    def __init__(self, layout: TokenLayout, sigma: float) -> None:
+    REFERENCE_METHOD = "index_timestep_zero"  # Flux's and Qwen-Image's ref_latents_method that modulates by position
+
+    def __init__(self, layout: TokenLayout, sigma: float, zero_refs: bool = False) -> None:
         self.layout, self.sigma = layout, sigma
+        self.zero_refs = zero_refs  # reference tokens get their own (zero) timestep's modulation, by position
         self.match: Optional[GridMatch] = None
         self.merges: Dict[TokenLayout, TokenMerge] = {}
         self.pe: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
@@ -84,21 +87,27 @@ class DiTMergePatch(KVPatchState):
         layout = token_layout(base.diffusion_model, x, context, extra)
         if layout is None or layout.grid_tokens < max(config.min_tokens, 4):
             return None
-        if layout.suffix:
-            raise self._references()
         sigma = sigma_value(t)  # one host read per model call (not per block): the schedule and the seed
-        return _MergeCall(layout, sigma) if self.window.contains(sigma) else None
+        if not self.window.contains(sigma):
+            return None
+        model = base_model(base.diffusion_model)
+        params = getattr(model, "params", None)  # Flux keeps it in its params, Qwen-Image on the model
+        method = extra.get("ref_latents_method", getattr(model, "default_ref_method",
+                                                         getattr(params, "default_ref_method", None)))
+        return _MergeCall(layout, sigma, zero_refs=method == _MergeCall.REFERENCE_METHOD)
 
     def _references(self) -> ValueError:
-        return ValueError(f"ToMe: mode merge does not reduce {self.family.name} calls with reference images (Kontext, "
-                          "Qwen-Image Edit) yet: use mode kv for them.")
+        return ValueError(f"ToMe: mode merge does not reduce {self.family.name} calls whose reference images take the "
+                          "zero timestep by position (ref_latents_method 'index_timestep_zero', e.g. Qwen-Image Edit "
+                          "2511) yet: use mode kv for them, or the 'index' reference method.")
 
     def block_patch(self, kind: str, previous: Optional[Callable]) -> Callable:
         """The replace patch of one block of reported type ``kind``; calls ``previous`` (another node's) inside."""
         joint = kind in self.family.merge_joint
 
         def tome_merge_block(args: dict, extra: dict) -> dict:
-            options = args.get("transformer_options") or {}
+            # where the host passes it; a forward copied from an older ComfyUI (a step cache's) may pass it in extra
+            options = args.get("transformer_options") or extra.get("transformer_options") or {}
             call: Optional[_MergeCall] = options.get(CALL_KEY)
             run = (lambda a: previous(a, extra)) if previous is not None else extra["original_block"]
             if call is None:
@@ -115,17 +124,21 @@ class DiTMergePatch(KVPatchState):
         return tome_merge_block
 
     def _merged(self, call: _MergeCall, args: dict, joint: bool) -> Optional[dict]:
-        """The block's args with the merged image tokens and the cut rotary table, or None to run it whole."""
+        """The block's args with the merged image tokens and the cut rotary table, or None to run it whole.
+
+        The tokens after the grid (reference latents, which the model appends inside its forward) pass whole; where
+        the model modulates them by position (``zero_refs``) a shorter grid would shift them: refused."""
         img, pe, layout = args.get("img"), args.get("pe"), call.layout
         text = 0 if joint else (args["txt"].shape[1] if isinstance(args.get("txt"), torch.Tensor) else -1)
-        stream = layout if joint else TokenLayout(layout.grid, prefix=layout.prefix - text, suffix=layout.suffix)
-        if isinstance(img, torch.Tensor) and text >= 0 and img.ndim == 3 and img.shape[1] > stream.length:
-            raise self._references()  # tokens the model appends after the grid (reference latents)
-        if text < 0 or stream.prefix < 0 or not isinstance(img, torch.Tensor) or img.shape[1] != stream.length \
-                or args.get("attn_mask") is not None:
+        prefix = layout.prefix - text
+        after = img.shape[1] - prefix - layout.grid_tokens if isinstance(img, torch.Tensor) and img.ndim == 3 else -1
+        if text < 0 or prefix < 0 or after < 0 or args.get("attn_mask") is not None:
             self.warn_once(f"whole:{joint}", f"ToMe: a {self.family.name} block's tokens do not match the call's "
                            f"layout {layout} (or it has an attention mask); such blocks run whole.")
             return None
+        if after > 0 and call.zero_refs:
+            raise self._references()
+        stream = TokenLayout(layout.grid, prefix=prefix, suffix=after)
         if call.match is None:
             config = self.config
             window = merge_window(layout.grid, config.sx, config.sy)
@@ -137,7 +150,8 @@ class DiTMergePatch(KVPatchState):
         out = dict(args, img=merged, _tome=(img, merged, merge))
         if isinstance(pe, torch.Tensor):  # over [text, image] on axis 2 (Flux's and Qwen-Image's EmbedND)
             if id(pe) not in call.pe:
-                call.pe[id(pe)] = (pe, call.merge_on(layout).take(pe, 2))
+                joint_layout = TokenLayout(layout.grid, prefix=text + prefix, suffix=after)
+                call.pe[id(pe)] = (pe, call.merge_on(joint_layout).take(pe, 2))
             out["pe"] = call.pe[id(pe)][1]
         if not torch.compiler.is_compiling():
             self.reduced_calls += 1

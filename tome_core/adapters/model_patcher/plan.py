@@ -16,8 +16,14 @@ from .unet import base_downsample_of, check_model_patcher, model_type_name, patc
 
 
 def is_dit(patcher: Any) -> bool:
-    """Whether the catalogue knows the patcher's model as a transformer (DiT) family, patched in mode kv."""
+    """Whether the catalogue knows the patcher's model as a transformer (DiT) family."""
     return dit_family(patcher) is not None
+
+
+def default_mode(patcher: Any) -> str:
+    """The mode used where none is asked for: the DiT family's (``ModelFamily.default_mode``), else tomesd's merge."""
+    family = dit_family(patcher)
+    return family.default_mode if family is not None else "merge"
 
 
 @dataclass(frozen=True)
@@ -46,4 +52,4 @@ def plan_patch(patcher: Any, config: ToMeConfig) -> PatchPlan:
     return PatchPlan("dit", description, lambda: patch_dit_model_patcher(patcher, config))
 
 
-__all__ = ["PatchPlan", "base_downsample_of", "is_dit", "plan_patch"]
+__all__ = ["PatchPlan", "base_downsample_of", "default_mode", "is_dit", "plan_patch"]
