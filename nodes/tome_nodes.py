@@ -10,12 +10,12 @@ from typing import Any, Dict, Optional
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
     from ..tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from ..tome_core.adapters.model_patcher.plan import is_dit, plan_patch
+    from ..tome_core.adapters.model_patcher.plan import default_mode, plan_patch
     from ..tome_core.adapters.model_patcher.unet import merger_of
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from tome_core.adapters.model_patcher.plan import is_dit, plan_patch
+    from tome_core.adapters.model_patcher.plan import default_mode, plan_patch
     from tome_core.adapters.model_patcher.unet import merger_of
 from .ui_messages import announce_levels
 
@@ -152,14 +152,15 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     """The patched clone and the info the frontend extension draws; shared by the V1 and V3 nodes.
 
     DiTs (the catalogue's families: Flux, Qwen-Image, Wan, LTX-2, ...) route to the DiT patch: the basic node, which has
-    no mode input, uses kv there (the lowest error per speed-up measured); the advanced node's mode is honoured:
+    no mode input, uses the family's default there (kv; merge on Qwen-Image: the lowest error per unit of speed-up
+    measured, README "Mode merge on transformers"); the advanced node's mode is honoured:
     "merge" on the families that have it (Flux, Qwen-Image), refused on the others with the engine's message naming
     the model and the fix. max_downsample does not apply to DiTs.
     node_id: the node's id, to which the speed check's verdicts are sent when sampling decides them.
     """
     values = dict(COMFY_DEFAULTS, **values)
-    if "mode" not in values and is_dit(model):
-        values = dict(values, mode="kv")
+    if "mode" not in values:  # the basic node: the family's default on a DiT (kv; merge on Qwen-Image)
+        values = dict(values, mode=default_mode(model))
     config = _config(spec, **values)
     plan = plan_patch(model, config)  # validated and described before anything is registered
     patched = plan.attach()
@@ -236,5 +237,8 @@ class ToMeAdvanced(ToMe):
 
 
 V1_NODES = (ToMe, ToMeAdvanced)
-NODE_CLASS_MAPPINGS = {node.NODE_ID: node for node in V1_NODES}
-NODE_DISPLAY_NAME_MAPPINGS = {node.NODE_ID: node.DISPLAY_NAME for node in V1_NODES}
+# Literal dicts: ComfyUI-Manager's scanner (scanner.py, extract_nodes / the "_CLASS_MAPPINGS = {...}" regex) reads
+# node ids from literal keys only, so "Install Missing Custom Nodes" finds this pack for a shared workflow; the
+# keys are the saved workflows' node ids (tests/comfyui/test_comfy_registry.py checks them against NODE_ID).
+NODE_CLASS_MAPPINGS = {"TomeCoreToMe": ToMe, "TomeCoreToMeAdvanced": ToMeAdvanced}
+NODE_DISPLAY_NAME_MAPPINGS = {"TomeCoreToMe": "ToMe (token merging)", "TomeCoreToMeAdvanced": "ToMe (advanced)"}
