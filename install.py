@@ -1,15 +1,14 @@
-"""Install what requirements.txt lists and the environment lacks; nothing else, never torch.
+"""The WebUI's install hook: install what requirements.txt lists and the WebUI lacks; nothing else, never torch.
 
-Host-neutral and idempotent: the AUTOMATIC1111/Forge WebUI runs this file at every start with its
-``launch`` module importable (then the WebUI's own pip wrapper is used); ComfyUI-Manager runs it
-with plain Python (then ``python -m pip``). Already-installed packages are left alone (no upgrades).
+The AUTOMATIC1111/Forge WebUI runs this file at every start with its ``launch`` module importable, and it
+installs through the WebUI's own pip wrapper (``launch.run_pip``). Anywhere else it does nothing and says
+so: ComfyUI-Manager also runs a pack's install.py, but it installs requirements.txt itself, and the Comfy
+registry's standards discourage a pack running pip. Idempotent: installed packages are left alone.
 """
 from __future__ import annotations
 
 import importlib.metadata
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 REQUIREMENTS = Path(__file__).resolve().parent / "requirements.txt"
@@ -48,26 +47,29 @@ def missing_requirements(lines: list[str]) -> list[str]:
     ]
 
 
-def pip_install(requirement: str) -> None:
+def webui_launcher():
+    """The WebUI's ``launch`` module (its run_pip honours the WebUI's pip settings), or None outside the WebUI."""
     try:
-        import launch  # the WebUI's launcher: its run_pip honours the WebUI's pip settings
+        import launch
     except ImportError:
-        launch = None
-    if launch is not None and hasattr(launch, "run_pip"):
-        launch.run_pip(f'install "{requirement}"', f"ToMe requirement: {requirement}")
-    else:
-        subprocess.check_call([sys.executable, "-m", "pip", "install", requirement])
+        return None
+    return launch if hasattr(launch, "run_pip") else None
 
 
 def main(path: Path = REQUIREMENTS) -> list[str]:
-    """Install the missing requirements; returns what was installed."""
+    """In the WebUI, install the missing requirements; returns what was installed (elsewhere nothing)."""
+    launch = webui_launcher()
+    if launch is None:
+        print("[ToMe] install.py: not run by the WebUI, so nothing to install here (ComfyUI-Manager installs "
+              "requirements.txt itself; this file is the WebUI's install hook).")
+        return []
     missing = missing_requirements(requirement_lines(path))
     if not missing:
         print("[ToMe] install.py: all requirements are met; nothing to install.")
         return []
     for requirement in missing:
         print(f"[ToMe] install.py: installing {requirement}")
-        pip_install(requirement)
+        launch.run_pip(f'install "{requirement}"', f"ToMe requirement: {requirement}")
     print(f"[ToMe] install.py: installed {', '.join(missing)}.")
     return missing
 

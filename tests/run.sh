@@ -36,6 +36,7 @@ setup_core() {
   constraint="$(mktemp)" && echo "torch==2.13.0" > "$constraint"
   .venv-test/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 &&
     .venv-test/bin/python -m pip install -q --disable-pip-version-check -c "$constraint" -r requirements-test.txt &&
+    .venv-test/bin/python -m pip install -q --disable-pip-version-check --no-deps comfy-cli==1.23.0 &&
     bash tests/env_stamp.sh write .venv-test requirements-test.txt
 }
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGE_NAME = "comfyui-tome"  # the folder name a user clones the repository to
+PACKAGE_NAME = "tome-diffusion"  # the folder ComfyUI-Manager and the registry install the pack to
 CHECKPOINT_NAME = "tiny_sd15_v1.safetensors"  # bump when write_tiny_sd15_checkpoint changes
 LAUNCHER = Path(__file__).resolve().parent / "comfy_launch.py"
 TEST_NODES = Path(__file__).resolve().parent / "tome_test_nodes"
@@ -174,7 +174,7 @@ class ComfyServer:
     """A real ComfyUI started as a user starts it: ``main.py`` in its own folder, in a subprocess.
 
     Its custom_nodes search path (given with ``--extra-model-paths-config``, as users add model
-    folders) holds this repository as ``comfyui-tome`` and the test-only node package
+    folders) holds this repository as ``tome-diffusion`` and the test-only node package
     ``tome_test_nodes``; checkpoints, input, output and temp folders live in ``workdir``. Everything
     goes through its HTTP API: ``POST /prompt``, ``GET /history/{id}``, ``/object_info``, ``/view``.
     """

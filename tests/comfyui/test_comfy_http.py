@@ -40,7 +40,7 @@ def http(comfy, checkpoint):
     results = {"object_info": comfy.object_info("TomeCoreToMeAdvanced"), "extensions": comfy.get_json("/extensions")}
     status, raw = comfy.request("GET", "/workflow_templates")  # ComfyUI 0.3.x: the template browser's list
     results["templates"] = json.loads(raw) if status == 200 else None
-    results["script_status"], script = comfy.request("GET", "/extensions/comfyui-tome/tome.js")
+    results["script_status"], script = comfy.request("GET", "/extensions/tome-diffusion/tome.js")
     results["script"] = script.decode()
 
     bad = small(json.loads((EXAMPLES / "ToMe_SD15_basic.api.json").read_text()), checkpoint)
@@ -82,11 +82,11 @@ def test_the_browser_gets_tooltips_and_the_extension(http):
     node = http["object_info"]
     assert node["display_name"] == "ToMe (advanced)" and node["category"] == "model_patches/unet"
     assert all(spec[1].get("tooltip") for spec in node["input"]["required"].values())
-    assert "/extensions/comfyui-tome/tome.js" in http["extensions"]
+    assert "/extensions/tome-diffusion/tome.js" in http["extensions"]
     assert http["script_status"] == 200 and "registerExtension" in http["script"]
 
 
 def test_the_template_browser_lists_the_ui_examples(http):
     if http["templates"] is None:
         pytest.skip("this ComfyUI has no /workflow_templates route (added in 2025)")
-    assert sorted(http["templates"]["comfyui-tome"]) == ["ToMe_SD15_advanced", "ToMe_SD15_basic"]
+    assert sorted(http["templates"]["tome-diffusion"]) == ["ToMe_SD15_advanced", "ToMe_SD15_basic"]

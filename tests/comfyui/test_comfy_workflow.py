@@ -35,8 +35,8 @@ def test_nodes_are_registered_beside_core_tome(comfy):
     assert core["display_name"] != basic["display_name"] and "ratio" in core["input"]["required"]
     if "python_module" in basic:  # 2025+ reports where a node comes from
         assert core["python_module"] in ("comfy_extras.nodes_tomesd", "nodes")
-        assert "comfyui-tome" in basic["python_module"]
-    assert "/extensions/comfyui-tome/tome.js" in comfy.get_json("/extensions")
+        assert "tome-diffusion" in basic["python_module"]
+    assert "/extensions/tome-diffusion/tome.js" in comfy.get_json("/extensions")
 
 
 def test_tome_writes_a_finite_image_that_differs_from_the_plain_run(baseline, tome_run):

@@ -1,4 +1,4 @@
-"""install.py: idempotent, host-neutral, installs only what is missing, never torch.
+"""install.py: the WebUI's install hook: idempotent, installs only what is missing, never torch; nothing elsewhere.
 
 The WebUI's ``launch`` module is stood in by a module with ``run_pip(command, desc)`` (its real
 signature in modules/launch_utils.py); pip itself is never run: the calls are recorded."""
@@ -20,7 +20,7 @@ def install(monkeypatch):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     calls = []
-    monkeypatch.setattr(module.subprocess, "check_call", lambda cmd: calls.append(cmd))
+    monkeypatch.setattr(subprocess, "check_call", lambda cmd: calls.append(cmd))  # pip must never run by itself
     module.calls = calls
     return module
 
@@ -34,25 +34,28 @@ tome-test-not-installed-package[extra]>=1.0 ; python_version >= "3.8"
 """
 
 
-def test_installs_only_the_missing_requirement_with_plain_pip_without_the_webui(install, tmp_path, monkeypatch):
+def test_outside_the_webui_it_installs_nothing_and_says_so(install, tmp_path, monkeypatch, capsys):
+    """ComfyUI-Manager runs install.py with plain Python: a missing requirement is left to Manager, which installs
+    requirements.txt itself (the registry's standards: no pip from a pack)."""
     monkeypatch.setitem(sys.modules, "launch", None)  # `import launch` raises ImportError
     path = tmp_path / "requirements.txt"
     path.write_text(REQUIREMENTS)
-    wanted = 'tome-test-not-installed-package[extra]>=1.0 ; python_version >= "3.8"'
-    assert install.main(path) == [wanted]
-    assert install.calls == [[sys.executable, "-m", "pip", "install", wanted]]
+    assert install.main(path) == [] and install.calls == []
+    assert "not run by the WebUI, so nothing to install" in capsys.readouterr().out
 
 
 def test_uses_the_webuis_pip_when_launch_is_importable(install, tmp_path, monkeypatch):
     pips = []
     monkeypatch.setitem(sys.modules, "launch", types.SimpleNamespace(run_pip=lambda cmd, desc: pips.append(cmd)))
     path = tmp_path / "requirements.txt"
-    path.write_text("tome-test-not-installed-package==1.0\ntorchvision\nxformers\n")
-    install.main(path)
-    assert pips == ['install "tome-test-not-installed-package==1.0"'] and install.calls == []
+    path.write_text(REQUIREMENTS + "torchvision\nxformers\n")
+    wanted = 'tome-test-not-installed-package[extra]>=1.0 ; python_version >= "3.8"'
+    assert install.main(path) == [wanted]
+    assert pips == [f'install "{wanted}"'] and install.calls == []
 
 
-def test_nothing_to_do_when_everything_is_there(install, tmp_path, capsys):
+def test_nothing_to_do_when_everything_is_there(install, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "launch", types.SimpleNamespace(run_pip=lambda cmd, desc: None))
     path = tmp_path / "requirements.txt"
     path.write_text("torch\npytest\n")
     assert install.main(path) == [] and install.main(tmp_path / "missing.txt") == []

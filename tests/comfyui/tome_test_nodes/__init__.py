@@ -65,8 +65,10 @@ class TomeTestAfter:
         return (model,)
 
 
-NODE_CLASS_MAPPINGS = {"TomeTestDiTLoader": TomeTestDiTLoader, "TomeTestModelReport": TomeTestModelReport,
-                       "TomeTestAfter": TomeTestAfter}
+# dict(...), not a literal: ComfyUI-Manager's scanner reads literal mappings in every .py of the repository,
+# and these test nodes are not the pack's (tests/test_registry.py).
+NODE_CLASS_MAPPINGS = dict(TomeTestDiTLoader=TomeTestDiTLoader, TomeTestModelReport=TomeTestModelReport,
+                           TomeTestAfter=TomeTestAfter)
 
 from .compose_nodes import NODE_CLASS_MAPPINGS as _COMPOSE_NODES  # noqa: E402
 

@@ -55,4 +55,6 @@ class TomeTestAttentionOverride:
         return (patched,)
 
 
-NODE_CLASS_MAPPINGS = {"TomeTestSeededLora": TomeTestSeededLora, "TomeTestAttentionOverride": TomeTestAttentionOverride}
+# dict(...), not a literal: ComfyUI-Manager's scanner reads literal mappings in every .py of the repository,
+# and these test nodes are not the pack's (tests/test_registry.py).
+NODE_CLASS_MAPPINGS = dict(TomeTestSeededLora=TomeTestSeededLora, TomeTestAttentionOverride=TomeTestAttentionOverride)

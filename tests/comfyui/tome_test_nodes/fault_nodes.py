@@ -46,4 +46,6 @@ class TomeTestFailMidSampling:
         return (patched,)
 
 
-NODE_CLASS_MAPPINGS = {"TomeTestRaiseOnImage": TomeTestRaiseOnImage, "TomeTestFailMidSampling": TomeTestFailMidSampling}
+# dict(...), not a literal: ComfyUI-Manager's scanner reads literal mappings in every .py of the repository,
+# and these test nodes are not the pack's (tests/test_registry.py).
+NODE_CLASS_MAPPINGS = dict(TomeTestRaiseOnImage=TomeTestRaiseOnImage, TomeTestFailMidSampling=TomeTestFailMidSampling)

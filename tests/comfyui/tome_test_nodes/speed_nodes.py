@@ -50,4 +50,6 @@ class TomeTestForceSpeedups:
         return (model,)
 
 
-NODE_CLASS_MAPPINGS = {"TomeTestForceSpeedups": TomeTestForceSpeedups}
+# dict(...), not a literal: ComfyUI-Manager's scanner reads literal mappings in every .py of the repository,
+# and these test nodes are not the pack's (tests/test_registry.py).
+NODE_CLASS_MAPPINGS = dict(TomeTestForceSpeedups=TomeTestForceSpeedups)

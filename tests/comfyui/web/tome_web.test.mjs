@@ -17,8 +17,8 @@ async function loadExtension() {
     "export const app = { extensions: [], graph: null, registerExtension(e) { this.extensions.push(e); } };\n");
   // ComfyUI's api (scripts/api.js) is an EventTarget that re-dispatches the server's websocket messages.
   writeFileSync(join(root, "scripts", "api.js"), "export const api = new EventTarget();\n");
-  cpSync(WEB, join(root, "extensions", "comfyui-tome"), { recursive: true });
-  const module = await import(pathToFileURL(join(root, "extensions", "comfyui-tome", "tome.js")));
+  cpSync(WEB, join(root, "extensions", "tome-diffusion"), { recursive: true });
+  const module = await import(pathToFileURL(join(root, "extensions", "tome-diffusion", "tome.js")));
   const { app } = await import(pathToFileURL(join(root, "scripts", "app.js")));
   const { api } = await import(pathToFileURL(join(root, "scripts", "api.js")));
   return { module, app, api };
