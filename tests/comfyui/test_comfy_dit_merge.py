@@ -135,7 +135,8 @@ def test_blocks_run_without_the_replace_patches_stop_the_prompt(comfy):
         return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
 
     on.add_wrapper_with_key("apply_model", "a_cache_node", without_block_patches)
-    with pytest.raises(RuntimeError, match="mode merge never reached a block of Flux.*mode kv"):
+    with pytest.raises(RuntimeError, match="mode merge reached no block of Flux's first model call: its blocks ran "
+                                           "without ComfyUI's transformer_options"):
         sample(comfy, on, latent, cond, steps=1)
 
 
@@ -184,3 +185,15 @@ def test_the_basic_node_uses_each_familys_default_mode(comfy, tome_package):
         out = tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)
         assert out["ui"]["tome"][0]["mode"] == expected
         assert torch.isfinite(sample(comfy, out["result"][0], latent, cond, steps=1)).all()
+
+
+def test_another_nodes_attention_override_acts_on_the_merged_tokens(comfy):
+    """An attention override set on the model by another node (KJNodes' Sage attention patch sets the same
+    transformer_options key): both act, the override sees the blocks' shorter sequences."""
+    patcher, latent, cond, where = flux(comfy)
+    base = patcher.clone()
+    calls = spy_on(base)
+    sample(comfy, patch_dit_model_patcher(base, merge(0.5)), latent, cond, steps=1)
+    lengths = sorted({q.shape[1 if not skip else 2] for q, _, _, skip in calls})
+    full = where["prefix"] + where["grid"]
+    assert full in lengths and full - int(0.5 * where["grid"]) in lengths  # double blocks whole, singles merged

@@ -22,6 +22,7 @@ from ...engine.schedule import SigmaWindow, sigma_value
 from ...catalogue.comfy_dits import (ComfyDiT, base_model, block_offsets, default_start, family_of, grid_last,
                                     merging_names, supported_names, unreached)
 from .layout import ambiguous_lengths, token_layout
+from .reach import unreached_error
 from .reports import ReportBasis, agrees, host_report, report_basis, reported_layout
 from ...catalogue.families import ModelFamily, family_of_binding
 from ...engine.grid import TokenLayout
@@ -295,14 +296,10 @@ class DiTKVPatch(KVPatchState):
                 options[OVERRIDE] = previous
             else:
                 options.pop(OVERRIDE, None)
-        if not self.reach_checked:  # the first model call only: a step cache may skip later ones whole
+        if not self.reach_checked:  # the first reduced call only: a step cache may skip later ones whole
+            if not plan.reached[0]:  # checked again on the next run: the prompt fails until one of the two goes
+                raise unreached_error(executor.class_obj.diffusion_model, "kv", "attention")
             self.reach_checked = True
-            if not plan.reached[0]:
-                model = base_model(executor.class_obj.diffusion_model)
-                self.warn_once("unreached", f"ToMe: no attention of {type(model).__name__}'s first model call reached "
-                               "ComfyUI's attention override (this ComfyUI calls its blocks without "
-                               "transformer_options, or a node replaced the override): ToMe reduces nothing on this "
-                               "model here.")
         return out
 
     def _plan(self, base_model: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,

@@ -21,6 +21,7 @@ from ...engine.kv_state import KVPatchState
 from ...engine.schedule import SigmaWindow, sigma_value
 from ...engine.token_merge import GridMatch, TokenMerge, match_grid, merge_window
 from .layout import token_layout
+from .reach import unreached_error
 
 CALL_KEY = "tome_merge_call"  # transformer_options key of the running model call's _MergeCall
 
@@ -70,13 +71,9 @@ class DiTMergePatch(KVPatchState):
         finally:
             options.pop(CALL_KEY, None)
         if not self.reach_checked:  # the first reduced call only: a step cache may skip later ones whole
+            if not call.reached:  # checked again on the next run: the prompt fails until one of the two goes
+                raise unreached_error(executor.class_obj.diffusion_model, "merge", "block")
             self.reach_checked = True
-            if not call.reached:
-                model = base_model(executor.class_obj.diffusion_model)
-                raise RuntimeError(
-                    f"ToMe: mode merge never reached a block of {type(model).__name__}: its blocks ran without "
-                    "ComfyUI's block replace patches (a node replaced the model's forward, e.g. a step cache, or "
-                    "this ComfyUI calls them directly). Put ToMe after that node, use mode kv, or remove one.")
         return out
 
     def _plan(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict) -> Optional[_MergeCall]:
