@@ -232,3 +232,17 @@ def test_flux_compile_then_tome(comfy, compile_node, tome_nodes):
     patched = tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)["result"][0]
     assert rel(sample_flux(comfy, compiled, latent, cond), sample_flux(comfy, patched, latent, cond)) < TOLERANCE
     assert calls == [ONE_GRAPH] * 3, (calls, break_report())
+
+
+def test_flux_merge_then_compile_matches_eager(comfy, compile_node, tome_nodes):
+    """A DiT in mode merge: the block replace patches run inside the compiled module (the matching at the first
+    reduced block, the merge and unmerge at each); compiled equals eager, and reports its graphs."""
+    patcher, latent, cond = flux(comfy)
+    patched = tome(tome_nodes, patcher, "merge")
+    eager = sample_flux(comfy, patched, latent, cond)
+    compiled, calls = counted(compile_node(patched))
+    result = sample_flux(comfy, compiled, latent, cond)
+    print(f"flux merge: (graphs, frames, breaks) per call {calls}; {break_report()}")
+    assert rel(result, eager) < TOLERANCE
+    assert rel(result, sample_flux(comfy, patcher, latent, cond)) > 1e-3
+    assert calls[-1] == calls[-2], (calls, break_report())  # no recompiling from step to step

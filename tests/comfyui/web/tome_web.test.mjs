@@ -105,6 +105,20 @@ test("after a DiT run the node shows the kv window instead of UNet levels", asyn
   assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[2], "all 57 blocks");
 });
 
+test("after a DiT run in mode merge the node shows the merged share of image tokens", async () => {
+  const { module } = await loadExtension();
+  class NodeType {}
+  await module.extension.beforeRegisterNodeDef(NodeType, { name: "TomeCoreToMe" });
+  const node = Object.assign(new NodeType(), { id: 6, widgets: [{ name: "ratio", value: 0.5 }], outputs: [] });
+  node.onExecuted({ tome: [{ model_type: "QwenImage", family: "qwen_image", mode: "merge", ratio: 0.5, kv_window: [],
+                             blocks: [60, 60] }] });
+  assert.deepEqual(module.infoLines(node, { links: {}, getNodeById: () => undefined }), [
+    "QwenImage (qwen_image): mode merge on image tokens",
+    "50% of the image tokens merged into a similar neighbour through each block; text kept", "all 60 blocks"]);
+  node.onExecuted({ tome: [{ model_type: "QwenImage", family: "qwen_image", mode: "merge", ratio: 0, kv_window: [] }] });
+  assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[1], "ratio 0: nothing reduced");
+});
+
 test("the speed check's verdicts sent during sampling are drawn on the node they name", async () => {
   const { module, app, api } = await loadExtension();
   class NodeType {}
