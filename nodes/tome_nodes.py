@@ -23,7 +23,7 @@ CATEGORY = "model_patches/unet"
 MAX_SEED = 0xFFFFFFFF
 
 MODEL_INPUT = ("MODEL", {"tooltip": "The model to speed up: a UNet (SD1.x, SD2.x, SDXL), or a DiT (Flux, Qwen-Image, "
-                                    "Z-Image, Wan, LTX-2 and the other families of the README's list) in mode kv (mode merge: Flux, Qwen-Image). "
+                                    "Z-Image, Wan, LTX-2 and the other families of the README's list) in mode kv (mode merge: Flux, Qwen-Image, Wan). "
                                     "It is not changed: the node returns a patched copy."})
 RATIO = ("FLOAT", {
     "default": 0.5, "min": 0.0, "max": 0.75, "step": 0.01,
@@ -53,7 +53,7 @@ ADVANCED_INPUTS = {
                                "merge: tomesd's method, self-attention runs on merged tokens and the result is "
                                "copied back. kv: every token keeps its own query, only keys/values are downsampled "
                                "to one token per window (gentler on detail; the window is the one closest to ratio: 0.5 -> 1x2, 0.75 -> 2x2, 0.88 with sx=sy=3 -> 3x3). "
-                               "On Flux and Qwen-Image, merge carries fewer image tokens through whole blocks (more "
+                               "On Flux, Qwen-Image and Wan, merge carries fewer image tokens through whole blocks (more "
                                "speed, more error than kv; other transformers take kv only)."}),
     "merge_crossattn": ("BOOLEAN", {"default": False, "tooltip":
                                     "Also merge the image tokens entering cross-attention (mode merge only). "
@@ -154,7 +154,7 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     DiTs (the catalogue's families: Flux, Qwen-Image, Wan, LTX-2, ...) route to the DiT patch: the basic node, which has
     no mode input, uses the family's default there (kv; merge on Qwen-Image: the lowest error per unit of speed-up
     measured, README "Mode merge on transformers"); the advanced node's mode is honoured:
-    "merge" on the families that have it (Flux, Qwen-Image), refused on the others with the engine's message naming
+    "merge" on the families that have it (Flux, Qwen-Image, Wan), refused on the others with the engine's message naming
     the model and the fix. max_downsample does not apply to DiTs.
     node_id: the node's id, to which the speed check's verdicts are sent when sampling decides them.
     """

@@ -26,8 +26,8 @@ VIDEO_FAMILIES = dit_models.VIDEO_FAMILIES
 DIT_METHODS = ("vanilla", "kv")  # the default; merge where the family has it (--methods ...,merge)
 DIT_ALLOWED = DIT_METHODS + ("merge",)
 _NOT_FOR_DITS = "DiTs (Flux, SD3, Wan, Z-Image, Qwen-Image, LTX-2) take mode kv, and mode merge where it reaches them"
-SKIPPED = {"merge": "not in the DiT default (on this benchmark kv has the lower error per speed-up); it reaches "
-                    "flux and qwen_image: --methods vanilla,kv,merge",
+SKIPPED = {"merge": "not in the DiT default (kv is the reference every family has); it reaches "
+                    f"{merging_families()}: --methods vanilla,kv,merge",
            "tomesd": f"patches UNets only; {_NOT_FOR_DITS}"}
 # native sizes (width, height) from the catalogue (tome_core/catalogue/families.py): Qwen-Image's 1:1 is 1328 px,
 # LTX-2's default 768x512 (frames: --frames)

@@ -170,11 +170,11 @@ def test_pipeline_like_object_patches_its_transformer():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_merge_and_avg_are_refused_naming_the_model(family):
-    """Mode merge where the family has none (Flux.1 has it: test_dit_merge_diffusers), avg on every DiT."""
+    """Mode merge where the family has none (Flux.1 and Wan have it: test_dit_merge_diffusers), avg on every DiT."""
     model, inputs, _ = FAMILIES[family]()
     name = type(model).__name__
-    if family != "flux":
-        with pytest.raises(ValueError, match=f"reaches flux, qwen_image so far; {name} is not among them.*mode='kv'"):
+    if family not in ("flux", "wan"):
+        with pytest.raises(ValueError, match=f"reaches flux, qwen_image, wan so far; {name} is not among them.*kv'"):
             apply_patch(model, ratio=0.5, mode="merge")
     with pytest.raises(ValueError, match=f"not supported on {name}.*RoPE.*kv_downsample='nearest'"):
         apply_patch(model, ratio=0.5, mode="kv", kv_downsample="avg")

@@ -1,9 +1,11 @@
-"""Mode "merge" on diffusers' Flux.1 and Qwen-Image: fewer image tokens through whole blocks, per-block hooks.
+"""Mode "merge" on diffusers' Flux.1, Qwen-Image and Wan: fewer image tokens through whole blocks, per-block hooks.
 
 Tiny real diffusers classes with seeded weights (the fixtures of test_dit_diffusers and test_dit_families). What a
 block receives is recorded by a forward pre-hook registered after ToMe's, so it sees the merged inputs.
 """
 from __future__ import annotations
+
+import inspect
 
 import pytest
 import torch
@@ -16,18 +18,22 @@ from tome_core.adapters.hooks.dit import STATE_ATTR  # noqa: E402
 from test_dit_diffusers import flux, run, wan  # noqa: E402
 from test_dit_families import qwen_image  # noqa: E402
 
-FAMILIES = {"flux": flux, "qwen_image": qwen_image}
-# The blocks of the default range: Flux.1 its single blocks (as mode kv), Qwen-Image all.
-DEFAULT_BLOCKS = {"flux": "single_transformer_blocks", "qwen_image": "transformer_blocks"}
+FAMILIES = {"flux": flux, "qwen_image": qwen_image, "wan": wan}
+# The blocks of the default range: Flux.1 its single blocks (as mode kv), Qwen-Image and Wan all.
+DEFAULT_BLOCKS = {"flux": "single_transformer_blocks", "qwen_image": "transformer_blocks", "wan": "blocks"}
+# Where each family's rotary table has its tokens: Flux (cos, sin) [text + image, D], Qwen-Image (image, text)
+# frequencies [tokens, D/2], Wan (cos, sin) [1, video tokens, 1, D].
+ROPE_AXIS = {"flux": 0, "qwen_image": 0, "wan": 1}
 
 
 def record_blocks(model, attr):
-    """Keyword inputs of every block of ``model.<attr>``, as the block itself receives them."""
+    """Inputs of every block of ``model.<attr>``, as the block itself receives them (Wan's by position)."""
     seen, handles = [], []
     for block in getattr(model, attr):
         def spy(module, args, kwargs):
-            rope = kwargs.get("image_rotary_emb")
-            seen.append(dict(hidden=kwargs["hidden_states"].clone(), text=kwargs["encoder_hidden_states"].clone(),
+            named = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+            rope = named.get("image_rotary_emb", named.get("rotary_emb"))
+            seen.append(dict(hidden=named["hidden_states"].clone(), text=named["encoder_hidden_states"].clone(),
                              rope=tuple(t.clone() for t in rope)))
         handles.append(block.register_forward_pre_hook(spy, with_kwargs=True))
     return seen, handles
@@ -47,7 +53,7 @@ def test_blocks_carry_fewer_image_tokens_text_whole_and_rope_follows(family):
     (whose input is vanilla's); each image row of the rotary table is a distinct real token's row, in raster order."""
     model, inputs, where = FAMILIES[family](batch=2)
     attr = DEFAULT_BLOCKS[family]
-    grid = where["grid"][0] * where["grid"][1]
+    grid = int(torch.tensor(where["grid"]).prod())
     slots = grid - int(0.5 * grid)
     vanilla, handles = record_blocks(model, attr)
     run(model, inputs)
@@ -61,12 +67,12 @@ def test_blocks_carry_fewer_image_tokens_text_whole_and_rope_follows(family):
     assert kept.numel() == slots and torch.equal(kept, kept.unique())
     for full, cut in zip(vanilla, merged):
         assert cut["hidden"].shape[1] == slots and cut["text"].shape == full["text"].shape
-        table, rows = (cut["rope"][0], full["rope"][0])
+        table, rows, axis = cut["rope"][0], full["rope"][0], ROPE_AXIS[family]
         if family == "flux":  # (cos, sin) over [text, image]
             assert torch.equal(table[:text], rows[:text])
             table, rows = table[text:], rows[text:]
-        assert table.shape[0] == slots
-        assert torch.equal(table, rows.index_select(0, kept))  # each slot's own representative's position
+        assert table.shape[axis] == slots
+        assert torch.equal(table, rows.index_select(axis, kept))  # each slot's own representative's position
     assert torch.equal(merged[0]["text"], vanilla[0]["text"])
 
 
@@ -91,6 +97,8 @@ def test_qwen_image_edit_reference_tokens_pass_whole():
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("size", [dict(h=5, w=3), dict(h=7, w=9)])
 def test_odd_sizes_and_batches(family, batch, size):
+    if family == "wan":  # a latent of 3 frames, patched 2x2: odd token grids from latents of twice the size
+        size = dict(frames=3, h=2 * size["h"], w=2 * size["w"])
     model, inputs, _ = FAMILIES[family](batch=batch, **size)
     state = check_reduced_output(model, inputs, run, apply_patch, STATE_ATTR, mode="merge")
     assert state.reduced_calls == len(getattr(model, DEFAULT_BLOCKS[family]))
@@ -111,9 +119,11 @@ def test_bf16(family):
 
 
 def test_families_without_merge_are_refused_naming_them():
-    model, _, _ = wan()
-    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image.*"
-                                         "WanTransformer3DModel.*mode='kv'"):
+    from test_dit_diffusers import sd3
+
+    model, _, _ = sd3()
+    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image, wan so far; "
+                                         "SD3Transformer2DModel is not among them.*mode='kv'"):
         apply_patch(model, ratio=0.5, mode="merge")
     assert not is_patched(model)
 
@@ -156,9 +166,44 @@ def test_group_offloading_composes():
 
 
 def test_without_a_mode_each_family_gets_its_default():
-    """apply_patch without ``mode``: the catalogue's default (Qwen-Image merge, Flux.1 and the others kv); UNets keep
-    tomesd's merge (test_engine_diffusers)."""
-    for make, expected in ((qwen_image, "merge"), (flux, "kv"), (wan, "kv")):
+    """apply_patch without ``mode``: the catalogue's default (Qwen-Image and Wan merge, Flux.1 and the others kv);
+    UNets keep tomesd's merge (test_engine_diffusers)."""
+    from test_dit_diffusers import sd3
+
+    for make, expected in ((qwen_image, "merge"), (wan, "merge"), (flux, "kv"), (sd3, "kv")):
         model, _, _ = make()
         apply_patch(model, ratio=0.5)
         assert model.__dict__[STATE_ATTR].config.mode == expected
+
+
+def test_wan_per_token_timesteps_follow_the_merged_tokens():
+    """Wan 2.2 ti2v gives every video token its own timestep (the pipeline's expand_timesteps: a [B, tokens] timestep,
+    a [B, tokens, 6, C] modulation): the blocks get the kept tokens' rows, and ratio 0 stays bit-identical."""
+    model, inputs, where = wan(batch=2)
+    tokens = int(torch.tensor(where["grid"]).prod())
+    inputs["timestep"] = torch.full((2, tokens), 600.0)
+    inputs["timestep"][:, :5] = 0.0  # the first frame's tokens: the conditioning image, timestep 0
+    expected = run(model, inputs)
+    apply_patch(model, ratio=0.0, mode="merge")
+    assert torch.equal(run(model, inputs), expected)
+    apply_patch(model, ratio=0.5, mode="merge")
+    seen = []  # registered after ToMe's hooks: what the block itself receives
+    model.blocks[0].register_forward_pre_hook(lambda m, args, kwargs: seen.append(
+        inspect.signature(m.forward).bind(*args, **kwargs).arguments["temb"].shape), with_kwargs=True)
+    out = run(model, inputs)
+    assert torch.isfinite(out).all() and not torch.equal(out, expected)
+    assert len(seen[0]) == 4 and seen[0][1] == tokens - int(0.5 * tokens)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_merged_blocks_update_reaches_the_output(family):
+    """Each merged block's own update is in the output: scaling the weights of the merged blocks changes it (a block
+    that added to its input in place would cancel an update taken against that input)."""
+    model, inputs, _ = FAMILIES[family](batch=2)
+    apply_patch(model, ratio=0.5, mode="merge")
+    before = run(model, inputs)
+    with torch.no_grad():
+        for p in getattr(model, DEFAULT_BLOCKS[family]).parameters():
+            p.mul_(1.7)
+    after = run(model, inputs)
+    assert ((after - before).norm() / before.norm()).item() > 1e-3

@@ -215,7 +215,7 @@ def test_dit_blocks_runs_on_tiny_configs(tmp_path, capsys):
     assert "ltx2      0.50-1.00    1 of 2" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("family", ["flux", "qwen_image"])
+@pytest.mark.parametrize("family", ["flux", "qwen_image", "wan"])
 def test_merge_rows_beside_kv_on_the_families_it_reaches(family):
     """--methods vanilla,kv,merge on a family mode merge reaches: merge rows at each ratio beside kv's, with errors
     growing with the ratio; a family it does not reach is refused naming it."""
@@ -228,5 +228,5 @@ def test_merge_rows_beside_kv_on_the_families_it_reaches(family):
     merged = [r for r in rows if r["method"] == "merge"]
     assert all(math.isfinite(r["cfg_err_peaked"]) and r["cfg_err_peaked"] > 0 for r in merged)
     assert merged[1]["rel_err"] > merged[0]["rel_err"]  # more merged, further from vanilla
-    with pytest.raises(ValueError, match="merge does not reach wan yet .*flux, qwen_image"):
-        BenchConfig(families=("wan",), methods=("vanilla", "merge"), scale="tiny", blocks=1)
+    with pytest.raises(ValueError, match="merge does not reach sd3 yet .*flux, qwen_image, wan"):
+        BenchConfig(families=("sd3",), methods=("vanilla", "merge"), scale="tiny", blocks=1)

@@ -235,9 +235,10 @@ def test_sd35_image_only_attention_keeps_the_joint_attentions_grid_picks(comfy):
 
 
 def test_refuses_pixart_and_merge_naming_the_model(comfy):
-    """Mode merge reaches Flux and Qwen-Image (test_comfy_dit_merge); other families refuse it naming the model."""
-    patcher, *_ = wan(comfy)
-    with pytest.raises(ValueError, match="reaches flux, qwen_image so far; WanModel is not among them.*use mode='kv'"):
+    """Mode merge reaches Flux, Qwen-Image and Wan (test_comfy_dit_merge); other families refuse it naming the model."""
+    patcher, *_ = sd3(comfy)
+    with pytest.raises(ValueError, match="reaches flux, qwen_image, wan so far; OpenAISignatureMMDITWrapper is not "
+                                         "among them.*use mode='kv'"):
         patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5))
     pixart = _patcher(comfy, comfy.supported_models.PixArtAlpha, dict(
         image_model="pixart_alpha", input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=1, num_heads=2,
@@ -260,15 +261,17 @@ def _node_classes(tome_package):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_basic_node_patches_a_dit_in_kv_and_matches_the_engine(comfy, tome_package, family):
-    """The same node id that speeds up UNets takes Flux/SD3/Wan: kv (the basic node has no mode input),
-    the image equals patch_dit_model_patcher's at the same settings, the input MODEL is unchanged."""
+    """The same node id that speeds up UNets takes Flux/SD3/Wan: the family's default mode (the basic node has no mode
+    input: kv, merge on Wan), the image equals patch_dit_model_patcher's at the same settings, the input MODEL is
+    unchanged."""
     tome_nodes = _node_classes(tome_package)
     patcher, latent, cond, _ = FAMILIES[family](comfy)
     expected = sample(comfy, patcher, latent, cond)
     result = tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)
     patched, info = result["result"][0], result["ui"]["tome"][0]
-    assert info["family"] == family and info["mode"] == "kv" and info["kv_window"]
-    engine = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv"))
+    mode = "merge" if family == "wan" else "kv"
+    assert info["family"] == family and info["mode"] == mode and bool(info["kv_window"]) == (mode == "kv")
+    engine = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode=mode))
     image = sample(comfy, patched, latent, cond)
     assert torch.equal(image, sample(comfy, engine, latent, cond))
     assert not torch.equal(image, expected)
@@ -277,7 +280,7 @@ def test_the_basic_node_patches_a_dit_in_kv_and_matches_the_engine(comfy, tome_p
 
 def test_the_advanced_node_refuses_merge_and_avg_on_a_dit_naming_the_fix(comfy, tome_package):
     """Merge where the family has it (Flux: the node's default mode runs, its text says merge), refused elsewhere
-    (Wan) naming the model and kv; avg refused on every DiT."""
+    (SD3) naming the model and kv; avg refused on every DiT."""
     tome_nodes = _node_classes(tome_package)
     patcher, latent, cond, _ = flux(comfy)
     values = dict(ratio=0.5, max_downsample=1, sx=2, sy=2, use_rand=True, tome_seed=0, mode="merge",
@@ -285,8 +288,8 @@ def test_the_advanced_node_refuses_merge_and_avg_on_a_dit_naming_the_fix(comfy, 
     merged = tome_nodes.ToMeAdvanced().patch(patcher, **values)
     assert merged["ui"]["tome"][0]["mode"] == "merge" and merged["ui"]["tome"][0]["family"] == "flux"
     assert torch.isfinite(sample(comfy, merged["result"][0], latent, cond)).all()
-    with pytest.raises(ValueError, match="WanModel is not among them.*use mode='kv'"):
-        tome_nodes.ToMeAdvanced().patch(wan(comfy)[0], **values)
+    with pytest.raises(ValueError, match="OpenAISignatureMMDITWrapper is not among them.*use mode='kv'"):
+        tome_nodes.ToMeAdvanced().patch(sd3(comfy)[0], **values)
     with pytest.raises(ValueError, match="kv_downsample='avg' is not supported on Flux.*'nearest'"):
         tome_nodes.ToMeAdvanced().patch(patcher, **dict(values, mode="kv"), kv_downsample="avg")
     assert not patcher.wrappers.get("apply_model")

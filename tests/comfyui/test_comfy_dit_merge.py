@@ -1,4 +1,5 @@
-"""Mode "merge" on ComfyUI's own Flux and Qwen-Image classes: fewer image tokens through whole blocks.
+"""Mode "merge" on ComfyUI's own Flux (Flux.1 and Flux.2 parameters), Qwen-Image and Wan classes: fewer image tokens
+through whole blocks.
 
 Reduced-size models with seeded weights (test_comfy_dit's and test_comfy_families' builders), sampled by ComfyUI
 (comfy.sample.sample), so the wrappers, transformer_options and the "dit" block replace patches are ComfyUI's
@@ -11,17 +12,23 @@ import pytest
 import torch
 
 from test_comfy_dit import comfy, flux, sample, spy_on, tome_package, wan  # noqa: F401
-from test_comfy_families import qwen_image
+from test_comfy_families import flux2, qwen_image
 
 from tome_core.adapters.model_patcher.dit import patch_dit_model_patcher
 from tome_core.adapters.model_patcher.plan import plan_patch
 from tome_core.engine.config import ToMeConfig
 from tome_core.engine.grid import TokenLayout
 
-FAMILIES = {"flux": lambda comfy: flux(comfy)[:4], "qwen_image": lambda comfy: qwen_image(comfy)[:4]}
-# The blocks of the default range: Flux its single blocks (as mode kv), Qwen-Image all.
+FAMILIES = {"flux": lambda comfy: flux(comfy)[:4], "flux2": lambda comfy: flux2(comfy)[:4],
+            "qwen_image": lambda comfy: qwen_image(comfy)[:4], "wan": lambda comfy: wan(comfy)[:4]}
+# The blocks of the default range: Flux its single blocks (as mode kv), Qwen-Image and Wan all (Wan's replace
+# patches are keyed "double_block" too).
 DEFAULT_BLOCKS = {"flux": [("single_block", 0), ("single_block", 1)],
-                  "qwen_image": [("double_block", 0), ("double_block", 1)]}
+                  "flux2": [("single_block", 0), ("single_block", 1)],
+                  "qwen_image": [("double_block", 0), ("double_block", 1)],
+                  "wan": [("double_block", 0), ("double_block", 1)]}
+# Where "pe" has its tokens: Flux and Qwen-Image over [text, image] on axis 2, Wan over the video alone on axis 1.
+PE = {"flux": (2, True), "flux2": (2, True), "qwen_image": (2, True), "wan": (1, False)}
 
 
 def merge(ratio: float = 0.5, **settings) -> ToMeConfig:
@@ -74,13 +81,16 @@ def test_blocks_carry_fewer_image_tokens_text_whole_and_rope_follows(comfy, fami
     state = on.wrappers["apply_model"]["tome_dit_kv"][0].__self__  # the clone's DiTMergePatch
     kept = state.last_call.match.on(TokenLayout(state.last_call.layout.grid)).kept  # the grid's kept tokens
     assert kept.numel() == slots and torch.equal(kept, kept.unique())
+    axis, with_text = PE[family]
+    before = text if with_text else 0  # text rows of "pe"
     for (key, full), (_, cut) in zip(vanilla, merged):
         joint = key[0] == "single_block"  # Flux's single blocks: "img" is [text, image]
         assert cut["img"].shape[1] == (text if joint else 0) + slots
-        assert cut["pe"].shape[2] == text + slots
-        assert torch.equal(cut["pe"][:, :, :text], full["pe"][:, :, :text])
+        assert cut["pe"].shape[axis] == before + slots
+        assert torch.equal(cut["pe"].narrow(axis, 0, before), full["pe"].narrow(axis, 0, before))
         # each image slot at its own representative's position (the call's kept tokens, after the text)
-        assert torch.equal(cut["pe"][:, :, text:], full["pe"][:, :, text:].index_select(2, kept))
+        image = full["pe"].narrow(axis, before, grid)
+        assert torch.equal(cut["pe"].narrow(axis, before, slots), image.index_select(axis, kept))
     (_, full), (_, cut) = vanilla[0], merged[0]
     if "txt" in full:
         assert torch.equal(cut["txt"], full["txt"])
@@ -141,8 +151,11 @@ def test_blocks_run_without_the_replace_patches_stop_the_prompt(comfy):
 
 
 def test_families_without_merge_are_refused(comfy):
-    patcher, _, _, _ = wan(comfy)
-    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image.*WanModel.*mode='kv'"):
+    from test_comfy_dit import sd3
+
+    patcher, _, _, _ = sd3(comfy)
+    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image, wan so far; "
+                                         "OpenAISignatureMMDITWrapper is not among them.*mode='kv'"):
         plan_patch(patcher, merge(0.5))
 
 
@@ -176,11 +189,11 @@ def test_the_plan_describes_mode_merge(comfy):
 
 
 def test_the_basic_node_uses_each_familys_default_mode(comfy, tome_package):
-    """The basic node has no mode input: Qwen-Image gets merge (its catalogue default), Flux kv."""
+    """The basic node has no mode input: Qwen-Image and Wan get merge (their catalogue default), Flux kv."""
     from test_comfy_dit import _node_classes
 
     tome_nodes = _node_classes(tome_package)
-    for make, expected in ((FAMILIES["qwen_image"], "merge"), (FAMILIES["flux"], "kv")):
+    for make, expected in ((FAMILIES["qwen_image"], "merge"), (FAMILIES["wan"], "merge"), (FAMILIES["flux"], "kv")):
         patcher, latent, cond, _ = make(comfy)
         out = tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)
         assert out["ui"]["tome"][0]["mode"] == expected
@@ -197,3 +210,20 @@ def test_another_nodes_attention_override_acts_on_the_merged_tokens(comfy):
     lengths = sorted({q.shape[1 if not skip else 2] for q, _, _, skip in calls})
     full = where["prefix"] + where["grid"]
     assert full in lengths and full - int(0.5 * where["grid"]) in lengths  # double blocks whole, singles merged
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_merged_blocks_update_reaches_the_output(comfy, family):
+    """Each merged block's own update is in the output: scaling the weights of the merged blocks changes what
+    mode merge gives (ComfyUI's Flux blocks add to their input in place; an update taken against that same tensor
+    would vanish and leave every merged block a no-op)."""
+    patcher, latent, cond, _ = FAMILIES[family](comfy)
+    model = patcher.model.diffusion_model
+    attr = {"flux": "single_blocks", "flux2": "single_blocks", "qwen_image": "transformer_blocks", "wan": "blocks"}
+    on = patch_dit_model_patcher(patcher, merge(0.5))
+    before = sample(comfy, on, latent, cond, steps=1)
+    with torch.no_grad():
+        for p in getattr(model, attr[family]).parameters():
+            p.mul_(1.7)
+    after = sample(comfy, on, latent, cond, steps=1)
+    assert ((after - before).norm() / before.norm()).item() > 1e-3

@@ -162,7 +162,7 @@ def test_forge_refuses_an_unsupported_model_naming_it(script, host, comfy_patche
     clone.add_object_patch("diffusion_model", NotAUNet())
     model = ForgeModel(clone)
     status, body = wd.api_txt2img(model, host.opts, [script], api_request(), forge=True)
-    assert status == 500 and "cannot patch a BaseModel model (NotAUNet)" in body["message"]
+    assert status == 500 and "cannot patch a BaseModel model (NotAUNet, test_refusal.NotAUNet)" in body["message"]
     assert model.patches_seen == []
 
 

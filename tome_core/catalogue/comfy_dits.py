@@ -50,6 +50,31 @@ class Appended:
 
 
 @dataclass(frozen=True)
+class ComfyMerge:
+    """How mode "merge" reaches a family's blocks in ComfyUI: its "dit" block replace patches (args "img", "pe",
+    "txt", "vec"), keyed ``("<reported>_block", i)`` unless ``replace`` names the key of a reported block type.
+
+    joint: the reported block types whose "img" holds [text, image] (Flux's single blocks); the others hold the image
+        stream alone. pe_axis: the token axis of "pe" ([text, image] on axis 2: Flux, Qwen-Image; the video alone on
+        axis 1: Wan). per_token: args with one value per stream token on axis 1 where they have one (Wan 2.2 ti2v's
+        per-token timestep "vec"). classes: the binding's classes mode merge is tested on (empty: every class).
+    """
+
+    joint: Tuple[str, ...] = ()
+    pe_axis: int = 2
+    per_token: Tuple[str, ...] = ()
+    replace: Tuple[Tuple[str, str], ...] = ()
+    classes: Tuple[str, ...] = ()
+
+    def key(self, reported: str) -> str:
+        return dict(self.replace).get(reported, f"{reported}_block")
+
+    def reaches(self, diffusion_model: Any) -> bool:
+        cls = type(base_model(diffusion_model))
+        return not self.classes or f"{cls.__module__}.{cls.__qualname__}" in self.classes
+
+
+@dataclass(frozen=True)
 class ComfyDiT:
     """How one family of ComfyUI DiT classes lays out its attention sequence and orders its blocks.
 
@@ -101,9 +126,7 @@ class ComfyDiT:
         self-attention, whatever its query count.
     cross_keys: keywords of the call whose token count (axis -2) is the key length of a cross-attention beside the
         text (Wan i2v's clip_fea: 257 image tokens): a self-attention of that length cannot be told from it.
-    merge_joint: mode "merge" reaches the family's blocks through ComfyUI's "dit" block replace patches
-        (``("<reported>_block", i)``, args "img", "pe" over [text, image] on axis 2, "txt"); the reported block
-        types listed here pass [text, image] as "img" (Flux's single blocks). None: mode "kv" only.
+    merge: how mode "merge" reaches the family's blocks (``ComfyMerge``); None: mode "kv" only.
     blocks_reached_by: (method, source text) the model class's own method must hold for its blocks to receive
         ``transformer_options`` (Wan S2V: ComfyUI 0.3.x's ``forward_orig`` calls them without it, so no override can
         reach them): a host whose code lacks it is refused before sampling, never accepted and left unreduced.
@@ -131,7 +154,7 @@ class ComfyDiT:
     host_reports: Tuple[str, ...] = ()
     partial_queries: bool = False
     cross_keys: Tuple[str, ...] = ()
-    merge_joint: Optional[Tuple[str, ...]] = None
+    merge: Optional["ComfyMerge"] = None
     blocks_reached_by: Optional[Tuple[str, str]] = None
 
     def __post_init__(self) -> None:
@@ -213,7 +236,7 @@ def unreached(diffusion_model: Any) -> Optional[str]:
 
 def merging_names() -> str:
     """The families whose blocks mode "merge" reaches in ComfyUI, for messages."""
-    return ", ".join(binding.name for binding in bindings() if binding.merge_joint is not None)
+    return ", ".join(binding.name for binding in bindings() if binding.merge is not None)
 
 
 def supported_names() -> str:

@@ -79,19 +79,25 @@ def rope_image_then_text(rope: Any, merge: TokenMerge, text: int) -> Any:
     return (merge.take(rope[0], 0), rope[1])
 
 
+def rope_over_video(rope: Any, merge: TokenMerge, text: int) -> Any:
+    """Wan's ``rotary_emb``: (cos, sin), each [1, video tokens, 1, D]."""
+    return tuple(merge.take(table, 1) for table in rope)
+
+
 @dataclass(frozen=True)
 class MergeInputs:
     """How mode "merge" carries fewer image tokens through a family's blocks in diffusers.
 
     Every block of the block range takes the image stream ([before, grid, after]; the text apart) as
-    ``hidden_states`` and returns a tuple whose ``output``-th item is that stream; ``rope`` cuts the block's
-    ``image_rotary_emb`` to the merged stream (given the text length); ``per_token`` names keywords holding one
-    value per stream token on axis 1 (Qwen-Image Edit's ``modulate_index``), cut alike.
+    ``hidden_states`` and returns that stream (``output`` None) or a tuple whose ``output``-th item it is; ``rope``
+    cuts the block's rotary table (``image_rotary_emb``, Wan's ``rotary_emb``) to the merged stream (given the text
+    length); ``per_token`` names inputs holding one value per stream token on axis 1 where they have one (Qwen-Image
+    Edit's ``modulate_index``, Wan 2.2 ti2v's per-token ``temb``), cut alike.
     """
 
     rope: Callable[[Any, TokenMerge, int], Any]
     per_token: Tuple[str, ...] = ()
-    output: int = 1
+    output: Optional[int] = 1
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,9 @@ def apply_patch(
     The first nine arguments mean what they mean in tomesd (see ``ToMeConfig``), except that
     ``max_downsample`` counts from the model's first attention level, so SDXL is merged too.
     DiTs (the catalogue, tome_core.catalogue.families: Flux.1/.2, Chroma, Qwen-Image, SD3/3.5, Wan, HunyuanVideo, Lumina 2,
-    Z-Image, LTX-Video, LTX-2) take mode "kv", and Flux.1 and Qwen-Image mode "merge" too (fewer image tokens
+    Z-Image, LTX-Video, LTX-2) take mode "kv", and Flux.1, Qwen-Image and Wan mode "merge" too (fewer image tokens
     through whole blocks; ``tome_core.engine.token_merge``). mode None: "merge" on UNets (tomesd's), the family's
-    default on DiTs (kv; merge on Qwen-Image). block_start/block_end pick the share of their
+    default on DiTs (kv; merge on Qwen-Image and Wan). block_start/block_end pick the share of their
     blocks, in depth order, that is reduced (block_start None: the model's default, on Flux its single
     blocks); UNets refuse a range (max_downsample picks their levels).
     matching "level" (mode merge) matches each level once per model call instead of once per block.
@@ -56,7 +56,11 @@ def apply_patch(
     """
     if mode is None:  # tomesd's merge on UNets; a DiT family's own default (catalogue: kv, merge on Qwen-Image)
         dit = diffusers_dit.find_dit(model)
-        mode = family_of_binding(diffusers_dit.family_of(dit)).default_mode if dit is not None else "merge"
+        binding = diffusers_dit.family_of(dit) if dit is not None else None
+        family = family_of_binding(binding) if binding is not None else None
+        mode = "kv" if family is not None else "merge"
+        if family is not None and family.default_mode == "merge" and binding.merge is not None:
+            mode = "merge"
     config = ToMeConfig(
         ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, kv_downsample=kv_downsample,

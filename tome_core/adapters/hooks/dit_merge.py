@@ -113,14 +113,16 @@ def _enter(state: DiTMergeState, name: str):
         merge, inputs = call.merge, state.family.merge
         merged = merge.merge(hidden)
         named["hidden_states"] = merged
-        rope = named.get("image_rotary_emb")
-        if rope is not None:
-            if id(rope) not in call.rope:  # one cut per call: every block gets the same table
-                call.rope[id(rope)] = (rope, inputs.rope(rope, merge, call.text))
-            named["image_rotary_emb"] = call.rope[id(rope)][1]
+        for key in ("image_rotary_emb", "rotary_emb"):
+            rope = named.get(key)
+            if rope is not None:
+                if id(rope) not in call.rope:  # one cut per call: every block gets the same table
+                    call.rope[id(rope)] = (rope, inputs.rope(rope, merge, call.text))
+                named[key] = call.rope[id(rope)][1]
         for key in inputs.per_token:
-            if isinstance(named.get(key), torch.Tensor):
-                named[key] = merge.take(named[key], 1)
+            value = named.get(key)
+            if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == merge.length:
+                named[key] = merge.take(value, 1)
         state.pending[id(module)] = (hidden, merged)
         if not torch.compiler.is_compiling():  # a diagnostic count; in traced code an int guard, a recompile
             state.reduced_calls += 1
@@ -134,9 +136,11 @@ def _leave(state: DiTMergeState):
         if held is None or state.current is None or state.current.merge is None:
             return None
         hidden, merged = held
-        at = state.family.merge.output
+        at, merge = state.family.merge.output, state.current.merge
+        if at is None:
+            return merge.unmerge_update(hidden, merged, output)
         out = list(output)
-        out[at] = state.current.merge.unmerge_update(hidden, merged, out[at])
+        out[at] = merge.unmerge_update(hidden, merged, out[at])
         return tuple(out)
     return hook
 

@@ -75,6 +75,13 @@ def _block_offsets(patcher_or_model: Any) -> Tuple[Dict[str, int], Dict[str, int
     return block_offsets(_dit(patcher_or_model))
 
 
+def merges(patcher_or_model: Any) -> bool:
+    """Whether mode merge reaches this DiT's class (its binding's ``ComfyMerge``)."""
+    model = _diffusion_model(patcher_or_model) if hasattr(patcher_or_model, "model") else patcher_or_model
+    entry = _family_entry(model)
+    return entry is not None and entry.merge is not None and entry.merge.reaches(model)
+
+
 def has_image_only_attention(diffusion_model: Any) -> bool:
     """Whether an MMDiT runs SD3.5's image-only ``x_block`` self-attention in some joint block (MMDiT-X)."""
     model = _dit(diffusion_model)
@@ -346,8 +353,7 @@ def check_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Optional[Tuple[
     reason = unreached(diffusion_model)
     if reason:
         raise TypeError(f"ToMe: {type(base_model(diffusion_model)).__name__} cannot be reduced here: {reason}.")
-    entry = _family_entry(diffusion_model)
-    require_dit_config(config, type(base_model(diffusion_model)).__name__, merges=entry.merge_joint is not None,
+    require_dit_config(config, type(base_model(diffusion_model)).__name__, merges=merges(diffusion_model),
                        merge_families=merging_names())
     chosen = blocks_on(diffusion_model, config)
     if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():

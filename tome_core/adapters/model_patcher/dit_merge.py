@@ -100,7 +100,7 @@ class DiTMergePatch(KVPatchState):
 
     def block_patch(self, kind: str, previous: Optional[Callable]) -> Callable:
         """The replace patch of one block of reported type ``kind``; calls ``previous`` (another node's) inside."""
-        joint = kind in self.family.merge_joint
+        joint = kind in self.family.merge.joint
 
         def tome_merge_block(args: dict, extra: dict) -> dict:
             # where the host passes it; a forward copied from an older ComfyUI (a step cache's) may pass it in extra
@@ -126,7 +126,8 @@ class DiTMergePatch(KVPatchState):
         The tokens after the grid (reference latents, which the model appends inside its forward) pass whole; where
         the model modulates them by position (``zero_refs``) a shorter grid would shift them: refused."""
         img, pe, layout = args.get("img"), args.get("pe"), call.layout
-        text = 0 if joint else (args["txt"].shape[1] if isinstance(args.get("txt"), torch.Tensor) else -1)
+        separate = joint or self.family.text == "separate"  # the text is not in "img" (a cross-attention's)
+        text = 0 if separate else (args["txt"].shape[1] if isinstance(args.get("txt"), torch.Tensor) else -1)
         prefix = layout.prefix - text
         after = img.shape[1] - prefix - layout.grid_tokens if isinstance(img, torch.Tensor) and img.ndim == 3 else -1
         if text < 0 or prefix < 0 or after < 0 or args.get("attn_mask") is not None:
@@ -144,12 +145,18 @@ class DiTMergePatch(KVPatchState):
             call.match = match_grid(tokens, layout.grid, config.ratio, destinations, window)
         merge = call.merge_on(stream)
         merged = merge.merge(img)
-        out = dict(args, img=merged, _tome=(img, merged, merge))
-        if isinstance(pe, torch.Tensor):  # over [text, image] on axis 2 (Flux's and Qwen-Image's EmbedND)
+        # ComfyUI's Flux blocks add to their input in place (x += ...): the update is taken against a copy
+        out = dict(args, img=merged, _tome=(img, merged.clone(), merge))
+        spec = self.family.merge
+        if isinstance(pe, torch.Tensor):  # over [text, image] (Flux, Qwen-Image), or the video alone (Wan)
             if id(pe) not in call.pe:
                 joint_layout = TokenLayout(layout.grid, prefix=text + prefix, suffix=after)
-                call.pe[id(pe)] = (pe, call.merge_on(joint_layout).take(pe, 2))
+                call.pe[id(pe)] = (pe, call.merge_on(joint_layout).take(pe, spec.pe_axis))
             out["pe"] = call.pe[id(pe)][1]
+        for key in spec.per_token:  # Wan 2.2 ti2v: a timestep per token
+            value = args.get(key)
+            if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == img.shape[1]:
+                out[key] = merge.take(value, 1)
         if not torch.compiler.is_compiling():
             self.reduced_calls += 1
         return out
@@ -174,7 +181,7 @@ def attach(clone: Any, state: DiTMergePatch, wrapper_key: str, apply_model: str)
     clone.remove_wrappers_with_key(apply_model, wrapper_key)  # re-patching replaces, never stacks
     clone.add_wrapper_with_key(apply_model, wrapper_key, state.apply_model_wrapper)
     for kind, index in state.blocks:
-        key = f"{kind}_block"
+        key = state.family.merge.key(kind)
         previous = replaced.get((key, index))
         previous = getattr(previous, "tome_previous", previous) if getattr(previous, "tome_patch", False) else previous
         patch = state.block_patch(kind, previous)

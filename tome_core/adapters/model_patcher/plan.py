@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict
 
 from ...engine.config import ToMeConfig
 from ...engine.kv import window_for_dims
-from .dit import block_count, check_dit_model_patcher, dit_family, patch_dit_model_patcher
+from .dit import block_count, check_dit_model_patcher, dit_family, merges, patch_dit_model_patcher
 from .unet import base_downsample_of, check_model_patcher, model_type_name, patch_model_patcher
 
 
@@ -21,9 +21,12 @@ def is_dit(patcher: Any) -> bool:
 
 
 def default_mode(patcher: Any) -> str:
-    """The mode used where none is asked for: the DiT family's (``ModelFamily.default_mode``), else tomesd's merge."""
+    """The mode used where none is asked for: the DiT family's (``ModelFamily.default_mode``) where this class takes
+    it (else kv), tomesd's merge on UNets."""
     family = dit_family(patcher)
-    return family.default_mode if family is not None else "merge"
+    if family is None:
+        return "merge"
+    return "merge" if family.default_mode == "merge" and merges(patcher) else "kv"
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import torch
 
 from ...engine.config import ToMeConfig, require_all_blocks
 from ...engine.levels import Level
+from ...catalogue.comfy_dits import supported_names
 from ...catalogue.unets import attention_base_downsample, attention_levels
 from ...engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 from ...engine.schedule import SigmaWindow, sigma_value
@@ -71,10 +72,13 @@ def base_downsample_of(patcher: Any) -> int:
     try:
         return attention_base_downsample(unet)
     except TypeError as error:
+        cls = type(getattr(unet, "_orig_mod", unet))
         raise UnsupportedModelError(
-            f"ToMe cannot patch a {kind} model ({type(unet).__name__}): it has no UNet transformer blocks "
-            f"(BasicTransformerBlock in input_blocks/middle_block). Supported: {SUPPORTED_MODELS}; "
-            "transformer-only models (Flux, SD3, AuraFlow, HunyuanDiT, ...) are not."
+            f"ToMe cannot patch a {kind} model ({type(unet).__name__}, {cls.__module__}.{cls.__qualname__}): it has "
+            f"no UNet transformer blocks (BasicTransformerBlock in input_blocks/middle_block). Supported: "
+            f"{SUPPORTED_MODELS}; and it is not a transformer class of ToMe's catalogue (matched by module and class "
+            "name; a quantizing pack's own model class, e.g. Nunchaku's, is not its family's). Transformers it "
+            f"reduces in ComfyUI: {supported_names()}."
         ) from error
 
 
