@@ -18,6 +18,8 @@ commit in its docstring), with its module named as ComfyUI's ``nodes.load_custom
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 import unittest.mock
 
 import pytest
@@ -822,3 +824,36 @@ def test_kjnodes_torch_compile_and_tome_both_act(comfy, mode, order):
         finally:
             _KJ_COMPILED_BY_MODEL.clear()
             torch._dynamo.reset()
+
+
+# ComfyUI's own EasyCache (comfy_extras/nodes_easycache.py) ------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["kv", "merge"])
+@pytest.mark.parametrize("order", ["tome_first", "easycache_first"])
+def test_easycache_skipping_steps_is_not_taken_for_a_pack_that_bypasses_tome(comfy, mode, order, caplog):
+    """EasyCache skips whole model calls once it has two computed steps. ToMe starting later in sampling
+    (start_percent 0.5) must not take a skipped first reduced call for blocks run without it: the reach check runs at
+    the first model call (which no step cache skips), with a pass-through probe where ToMe leaves the call whole.
+    Both act: EasyCache skips steps, and the image differs from EasyCache's alone."""
+    easycache = pytest.importorskip("comfy_extras.nodes_easycache")
+    patcher, latent, cond, _ = flux(comfy)
+
+    def with_easycache(model):
+        return easycache.EasyCacheNode.execute(model, reuse_threshold=0.5, start_percent=0.0, end_percent=1.0,
+                                               verbose=False).result[0]
+
+    def skipped() -> int:  # EasyCache logs "EasyCache - skipped k/n steps" when sampling ends, then resets
+        counts = [int(m.group(1)) for r in caplog.records
+                  for m in [re.search(r"EasyCache - skipped (\d+)/", r.getMessage())] if m]
+        caplog.clear()
+        return counts[-1]
+
+    steps = 8
+    caplog.set_level(logging.INFO)
+    cached = sample(comfy, with_easycache(patcher), latent, cond, steps=steps)
+    assert skipped() > 0
+    config = ToMeConfig(ratio=0.5, mode=mode, start_percent=0.5, block_start=0.0)
+    both = with_easycache(patch_dit_model_patcher(patcher, config)) if order == "tome_first" else \
+        patch_dit_model_patcher(with_easycache(patcher), config)
+    image = sample(comfy, both, latent, cond, steps=steps)
+    assert skipped() > 0 and torch.isfinite(image).all() and not torch.equal(image, cached)

@@ -241,6 +241,14 @@ def _cut_keys(args: list, kwargs: dict, seq: int, n: int, kept: torch.Tensor) ->
             kwargs["mask"] = mask.index_select(-1, kept)
 
 
+def _probe(reached: List[bool], previous: Optional[Callable]) -> Callable:
+    """An attention override that only records that ComfyUI's attention reached it (a call ToMe leaves whole)."""
+    def tome_reach_probe(func: Callable, *args: Any, **kwargs: Any) -> Any:
+        reached[0] = True
+        return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
+    return tome_reach_probe
+
+
 class DiTKVPatch(KVPatchState):
     """The state of one patched clone: config, sigma window, block choice and the per-step kept indices."""
 
@@ -289,13 +297,19 @@ class DiTKVPatch(KVPatchState):
     def apply_model_wrapper(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None,
                             c_crossattn: Any = None, control: Any = None, transformer_options: Optional[dict] = None,
                             **kwargs: Any) -> Any:
-        """APPLY_MODEL wrapper: set our override for this call only, restore what was there afterwards."""
+        """APPLY_MODEL wrapper: set our override for this call only, restore what was there afterwards.
+
+        The first model call (which no step cache skips) checks that ComfyUI's attention reaches the override at
+        all, reducing or not (a call outside the schedule gets a pass-through probe): where none does, a node runs
+        the model's blocks itself and the prompt stops (``reach.unreached_error``), on every run until one goes."""
         options = transformer_options if transformer_options is not None else {}
         plan = self._plan(executor.class_obj, x, t, c_crossattn, kwargs, options)
-        if plan is None:
+        probing = plan is None and self.config.enabled and not self.reach_checked
+        if plan is None and not probing:
             return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
         had, previous = OVERRIDE in options, options.get(OVERRIDE)
-        options[OVERRIDE] = self.override(plan, previous=previous)
+        reached = plan.reached if plan is not None else [False]
+        options[OVERRIDE] = self.override(plan, previous) if plan is not None else _probe(reached, previous)
         try:
             out = executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
         finally:
@@ -303,8 +317,8 @@ class DiTKVPatch(KVPatchState):
                 options[OVERRIDE] = previous
             else:
                 options.pop(OVERRIDE, None)
-        if not self.reach_checked:  # the first reduced call only: a step cache may skip later ones whole
-            if not plan.reached[0]:  # checked again on the next run: the prompt fails until one of the two goes
+        if not self.reach_checked:
+            if not reached[0]:
                 raise unreached_error(executor.class_obj.diffusion_model, "kv", "attention")
             self.reach_checked = True
         return out

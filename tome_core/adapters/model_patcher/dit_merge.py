@@ -32,8 +32,9 @@ class _MergeCall:
 
     REFERENCE_METHOD = "index_timestep_zero"  # Flux's and Qwen-Image's ref_latents_method that modulates by position
 
-    def __init__(self, layout: TokenLayout, sigma: float, zero_refs: bool = False) -> None:
-        self.layout, self.sigma = layout, sigma
+    def __init__(self, layout: Optional[TokenLayout], sigma: float, zero_refs: bool = False,
+                 probe: bool = False) -> None:
+        self.layout, self.sigma, self.probe = layout, sigma, probe  # probe: only record that a block was reached
         self.zero_refs = zero_refs  # reference tokens get their own (zero) timestep's modulation, by position
         self.match: Optional[GridMatch] = None
         self.merges: Dict[TokenLayout, TokenMerge] = {}
@@ -59,12 +60,15 @@ class DiTMergePatch(KVPatchState):
     def apply_model_wrapper(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None,
                             c_crossattn: Any = None, control: Any = None, transformer_options: Optional[dict] = None,
                             **kwargs: Any) -> Any:
-        """APPLY_MODEL wrapper: this call's plan in its transformer_options; a first call no block patch reached
-        stops the prompt (a node that replaced the model's forward would otherwise drop ToMe silently)."""
+        """APPLY_MODEL wrapper: this call's plan in its transformer_options; a first call (which no step cache
+        skips; outside the schedule a probe) that no block patch reached stops the prompt (a node that replaced the
+        model's forward would otherwise drop ToMe silently)."""
         options = transformer_options if transformer_options is not None else {}
         call = self._plan(executor.class_obj, x, t, c_crossattn, kwargs)
-        if call is None:
+        if call is None and (self.reach_checked or not self.config.enabled):
             return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+        if call is None:  # the first call, outside the schedule: only check that the block patches are reached
+            call = _MergeCall(None, 0.0, probe=True)
         options[CALL_KEY] = self.last_call = call
         try:
             out = executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
@@ -110,7 +114,7 @@ class DiTMergePatch(KVPatchState):
             if call is None:
                 return run(args)
             call.reached = True
-            merged_args = self._merged(call, args, joint)
+            merged_args = None if call.probe else self._merged(call, args, joint)
             if merged_args is None:
                 return run(args)
             img, merged, merge = merged_args.pop("_tome")
