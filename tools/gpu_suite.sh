@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU benchmark in one command, for a CUDA machine without internet (e.g. a lent H100/H200).
 #
-#   bash tools/gpu_suite.sh [OUT_DIR]        (default OUT_DIR: ${OUT:-bench_out}/gpu)
+#   bash tools/gpu_suite.sh [OUT_DIR] [BENCH ARGS...]        (default OUT_DIR: ${OUT:-bench_out}/gpu)
+#   TOME_GPU_PART=dit bash tools/gpu_suite.sh [OUT_DIR]      the transformer part instead (issue 27): Flux 1024²,
+#       Qwen-Image 1328², Wan 832x480x33, bf16, --blocks 2, vanilla, kv at 0.5/0.75 and merge at 0.25/0.5/0.75
 #
 # That machine needs torch (CUDA build), transformers, accelerate, safetensors and numpy; diffusers and
 # tomesd travel as wheels: on a machine with internet, from the repository root,
@@ -27,7 +29,13 @@ export PYTHONUNBUFFERED=1 KINETO_LOG_LEVEL=99
 (nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true) > "$out/gpu.txt" 2>&1
 "$python" -c "import torch, diffusers, tomesd; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'diffusers', diffusers.__version__, 'tomesd', getattr(tomesd, '__version__', '?'))" >> "$out/gpu.txt" 2>&1
-timeout "${TOME_GPU_SUITE_TIMEOUT:-470}" "$python" -m tome_core bench --gpu-suite --no-progress --out "$out" "${@:2}" \
+if [ "${TOME_GPU_PART:-unet}" = dit ]; then
+  suite=(--families flux,qwen_image,wan --blocks 2 --device cuda --dtype bf16 --repeats 3 --max-repeats 5
+         --methods vanilla,kv@0.5,kv@0.75,merge@0.25,merge@0.5,merge@0.75)
+else
+  suite=(--gpu-suite)
+fi
+timeout "${TOME_GPU_SUITE_TIMEOUT:-470}" "$python" -m tome_core bench "${suite[@]}" --no-progress --out "$out" "${@:2}" \
   2>&1 | tee "$out/log.txt"
 status=${PIPESTATUS[0]}
 echo "gpu suite exit status: $status (124 = stopped by the timeout; results.json holds the rows done)" | tee -a "$out/log.txt"
