@@ -16,14 +16,22 @@ from tome_core import apply_patch, describe, is_patched, remove_patch  # noqa: E
 from conftest import check_identity_at_ratio_zero_and_after_removal, check_reduced_output  # noqa: E402
 from tome_core.adapters.hooks.dit import STATE_ATTR  # noqa: E402
 from test_dit_diffusers import flux, run, wan  # noqa: E402
-from test_dit_families import qwen_image  # noqa: E402
+from test_dit_families import flux2, qwen_image  # noqa: E402
 
-FAMILIES = {"flux": flux, "qwen_image": qwen_image, "wan": wan}
+FAMILIES = {"flux": flux, "flux2": flux2, "qwen_image": qwen_image, "wan": wan}
 # The blocks of the default range: Flux.1 its single blocks (as mode kv), Qwen-Image and Wan all.
-DEFAULT_BLOCKS = {"flux": "single_transformer_blocks", "qwen_image": "transformer_blocks", "wan": "blocks"}
+DEFAULT_BLOCKS = {"flux": "single_transformer_blocks", "flux2": "transformer_blocks", "qwen_image": "transformer_blocks",
+                  "wan": "blocks"}  # the block list the inputs are read from (Flux.2: its double blocks, text apart)
+# Every block list of the default range (Flux.2: every block; its single blocks take [text, image]).
+MERGED = {"flux": ("single_transformer_blocks",), "flux2": ("transformer_blocks", "single_transformer_blocks"),
+          "qwen_image": ("transformer_blocks",), "wan": ("blocks",)}
+
+
+def merged_blocks(model, family) -> list:
+    return [block for attr in MERGED[family] for block in getattr(model, attr)]
 # Where each family's rotary table has its tokens: Flux (cos, sin) [text + image, D], Qwen-Image (image, text)
 # frequencies [tokens, D/2], Wan (cos, sin) [1, video tokens, 1, D].
-ROPE_AXIS = {"flux": 0, "qwen_image": 0, "wan": 1}
+ROPE_AXIS = {"flux": 0, "flux2": 0, "qwen_image": 0, "wan": 1}
 
 
 def record_blocks(model, attr):
@@ -44,7 +52,7 @@ def test_ratio_zero_and_removal_are_bit_identical(family):
     model, inputs, _ = FAMILIES[family](batch=2)
     state = check_identity_at_ratio_zero_and_after_removal(model, inputs, run, apply_patch, remove_patch, is_patched,
                                                            STATE_ATTR, mode="merge")
-    assert state.reduced_calls == len(getattr(model, DEFAULT_BLOCKS[family]))
+    assert state.reduced_calls == len(merged_blocks(model, family))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -68,7 +76,7 @@ def test_blocks_carry_fewer_image_tokens_text_whole_and_rope_follows(family):
     for full, cut in zip(vanilla, merged):
         assert cut["hidden"].shape[1] == slots and cut["text"].shape == full["text"].shape
         table, rows, axis = cut["rope"][0], full["rope"][0], ROPE_AXIS[family]
-        if family == "flux":  # (cos, sin) over [text, image]
+        if family in ("flux", "flux2"):  # (cos, sin) over [text, image]
             assert torch.equal(table[:text], rows[:text])
             table, rows = table[text:], rows[text:]
         assert table.shape[axis] == slots
@@ -101,7 +109,7 @@ def test_odd_sizes_and_batches(family, batch, size):
         size = dict(frames=3, h=2 * size["h"], w=2 * size["w"])
     model, inputs, _ = FAMILIES[family](batch=batch, **size)
     state = check_reduced_output(model, inputs, run, apply_patch, STATE_ATTR, mode="merge")
-    assert state.reduced_calls == len(getattr(model, DEFAULT_BLOCKS[family]))
+    assert state.reduced_calls == len(merged_blocks(model, family))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -122,7 +130,7 @@ def test_families_without_merge_are_refused_naming_them():
     from test_dit_diffusers import sd3
 
     model, _, _ = sd3()
-    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image, wan so far; "
+    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, flux2, qwen_image, wan so far; "
                                          "SD3Transformer2DModel is not among them.*mode='kv'"):
         apply_patch(model, ratio=0.5, mode="merge")
     assert not is_patched(model)
@@ -203,7 +211,7 @@ def test_the_merged_blocks_update_reaches_the_output(family):
     apply_patch(model, ratio=0.5, mode="merge")
     before = run(model, inputs)
     with torch.no_grad():
-        for p in getattr(model, DEFAULT_BLOCKS[family]).parameters():
+        for p in torch.nn.ModuleList(merged_blocks(model, family)).parameters():
             p.mul_(1.7)
     after = run(model, inputs)
     assert ((after - before).norm() / before.norm()).item() > 1e-3

@@ -92,12 +92,16 @@ class MergeInputs:
     ``hidden_states`` and returns that stream (``output`` None) or a tuple whose ``output``-th item it is; ``rope``
     cuts the block's rotary table (``image_rotary_emb``, Wan's ``rotary_emb``) to the merged stream (given the text
     length); ``per_token`` names inputs holding one value per stream token on axis 1 where they have one (Qwen-Image
-    Edit's ``modulate_index``, Wan 2.2 ti2v's per-token ``temb``), cut alike.
+    Edit's ``modulate_index``, Wan 2.2 ti2v's per-token ``temb``), cut alike. ``joint``: block lists whose
+    ``hidden_states`` is [text, image] instead (Flux.2's single blocks), returning ``joint_output`` (None: the
+    tensor itself).
     """
 
     rope: Callable[[Any, TokenMerge, int], Any]
     per_token: Tuple[str, ...] = ()
     output: Optional[int] = 1
+    joint: Tuple[str, ...] = ()
+    joint_output: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
 from ...engine.kv_state import KVPatchState
 from ...engine.schedule import timestep_value
-from ...engine.token_merge import TokenMerge, merge_window, plan_token_merge
+from ...engine.token_merge import GridMatch, TokenMerge, match_grid, merge_window
 from .host_caches import refuse_caches_inside
 from .unet import not_compiled
 
@@ -29,12 +29,25 @@ STATE_ATTR = "_tome_dit"  # one attribute for both DiT modes: remove_patch and i
 
 class _Call:
     """One model call's merge: the image stream's layout, the text length, the step, and (once the first reduced
-    block has run) the matching and the cut rotary table, shared by the call's other blocks."""
+    block has run) the matching, the merge of each stream it is applied to (the image stream; Flux.2's [text, image]
+    stream) and the cut rotary tables, shared by the call's other blocks."""
 
     def __init__(self, stream: TokenLayout, text: int, step: float) -> None:
         self.stream, self.text, self.step = stream, text, step
-        self.merge: Optional[TokenMerge] = None
+        self.joint = TokenLayout(stream.grid, prefix=text + stream.prefix, suffix=stream.suffix)
+        self.match: Optional[GridMatch] = None
+        self.merges: Dict[TokenLayout, TokenMerge] = {}
         self.rope: Dict[int, Any] = {}
+
+    @property
+    def merge(self) -> Optional[TokenMerge]:
+        """The image stream's merge (None before the first reduced block)."""
+        return None if self.match is None else self.merge_on(self.stream)
+
+    def merge_on(self, layout: TokenLayout) -> TokenMerge:
+        if layout not in self.merges:
+            self.merges[layout] = self.match.on(layout)
+        return self.merges[layout]
 
 
 class DiTMergeState(KVPatchState):
@@ -94,49 +107,53 @@ def _keywords(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[di
     return named
 
 
-def _enter(state: DiTMergeState, name: str):
+def _enter(state: DiTMergeState, name: str, joint: bool):
     def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         call = state.current
         if call is None:
             return None
         named = _keywords(module, args, kwargs)
         hidden = None if named is None else named.get("hidden_states")
-        if not isinstance(hidden, torch.Tensor) or hidden.ndim != 3 or hidden.shape[1] != call.stream.length:
+        stream = call.joint if joint else call.stream  # Flux.2's single blocks take [text, image]
+        if not isinstance(hidden, torch.Tensor) or hidden.ndim != 3 or hidden.shape[1] != stream.length:
             state.warn_once(f"skip:{name}", f"ToMe: {name}: its image stream does not match the call's layout "
-                            f"{call.stream}; this block runs whole.")
+                            f"{stream}; this block runs whole.")
             return None
-        if call.merge is None:
+        if call.match is None:
             config = state.config
-            window = merge_window(call.stream.grid, config.sx, config.sy)
-            destinations = state.destinations_for(call.stream.grid, window, call.step, hidden.device)
-            call.merge = plan_token_merge(hidden, call.stream, config.ratio, destinations, window)
-        merge, inputs = call.merge, state.family.merge
+            window = merge_window(stream.grid, config.sx, config.sy)
+            destinations = state.destinations_for(stream.grid, window, call.step, hidden.device)
+            tokens = hidden[:, stream.prefix:stream.prefix + stream.grid_tokens]
+            call.match = match_grid(tokens, stream.grid, config.ratio, destinations, window)
+        inputs = state.family.merge
+        merge = call.merge_on(stream)
         merged = merge.merge(hidden)
         named["hidden_states"] = merged
         for key in ("image_rotary_emb", "rotary_emb"):
             rope = named.get(key)
             if rope is not None:
                 if id(rope) not in call.rope:  # one cut per call: every block gets the same table
-                    call.rope[id(rope)] = (rope, inputs.rope(rope, merge, call.text))
+                    call.rope[id(rope)] = (rope, inputs.rope(rope, call.merge, call.text))
                 named[key] = call.rope[id(rope)][1]
         for key in inputs.per_token:
             value = named.get(key)
             if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == merge.length:
                 named[key] = merge.take(value, 1)
-        state.pending[id(module)] = (hidden, merged)
+        state.pending[id(module)] = (hidden, merged, merge)
         if not torch.compiler.is_compiling():  # a diagnostic count; in traced code an int guard, a recompile
             state.reduced_calls += 1
         return (), named
     return pre_hook
 
 
-def _leave(state: DiTMergeState):
+def _leave(state: DiTMergeState, joint: bool):
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
         held = state.pending.pop(id(module), None)
-        if held is None or state.current is None or state.current.merge is None:
+        if held is None or state.current is None:
             return None
-        hidden, merged = held
-        at, merge = state.family.merge.output, state.current.merge
+        hidden, merged, merge = held
+        inputs = state.family.merge
+        at = inputs.joint_output if joint else inputs.output
         if at is None:
             return merge.unmerge_update(hidden, merged, output)
         out = list(output)
@@ -166,8 +183,10 @@ def install(model: torch.nn.Module, config: ToMeConfig,
         refuse_caches(blocks)
     state = DiTMergeState(model, config, blocks)
     state.handles.append(model.register_forward_pre_hook(_on_model_call, with_kwargs=True))
+    joint_lists = state.family.merge.joint
     for name, block in blocks:
-        state.handles.append(block.register_forward_pre_hook(_enter(state, name), with_kwargs=True))
-        state.handles.append(block.register_forward_hook(_leave(state), with_kwargs=True))
+        joint = name.split(".", 1)[0] in joint_lists
+        state.handles.append(block.register_forward_pre_hook(_enter(state, name, joint), with_kwargs=True))
+        state.handles.append(block.register_forward_hook(_leave(state, joint), with_kwargs=True))
     model.__dict__[STATE_ATTR] = state
     return state
