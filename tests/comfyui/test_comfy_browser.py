@@ -182,8 +182,9 @@ def test_the_speed_checks_verdict_appears_on_the_node_in_a_real_browser(comfy, c
         status, raw = await asyncio.to_thread(comfy.request, "POST", "/prompt",
                                               {"prompt": prompt, "client_id": client_id})
         assert status == 200, raw
+        # the verdicts arrive level by level, each message with the lines decided so far: wait for both levels
         await tools.wait_for('(app.graph._nodes.find((n) => n.type === "TomeCoreToMeAdvanced").tomeLevels '
-                             '|| []).length > 0', seconds=300)
+                             '|| []).filter((line) => line.startsWith("level ")).length >= 2', seconds=300)
 
     with headless_chromium() as (debug_port, profile):
         workflow = json.loads((REPO / "example_workflows" / "ToMe_SD15_advanced.json").read_text())
