@@ -11,7 +11,6 @@ from .config import ToMeConfig
 from .plan import partition_seed
 from .grid import TokenLayout
 from .kv import dit_window, keep_index, pick_index_nd
-from .token_merge import GridMatch, match_grid, merge_window
 
 _LOG = logging.getLogger("tome.dit")
 _MAX_CACHED = 16
@@ -52,14 +51,6 @@ class KVPatchState:
                 self._cache.clear()
             keep = self._cache[key] = keep_index(layout, pick_index_nd(grid, window, generator)).to(device)
         return keep
-
-    def match_for(self, stream: torch.Tensor, layout: TokenLayout, step_key: float) -> GridMatch:
-        """Mode merge's matching of one model call, from the grid of ``stream`` [B, L, C] laid out as ``layout``."""
-        config = self.config
-        window = merge_window(layout.grid, config.sx, config.sy)
-        destinations = self.destinations_for(layout.grid, window, step_key, stream.device)
-        tokens = stream[:, layout.prefix:layout.prefix + layout.grid_tokens]
-        return match_grid(tokens, layout.grid, config.ratio, destinations, window)
 
     def destinations_for(self, grid: Tuple[int, ...], window: Tuple[int, ...], step_key: float,
                          device: torch.device) -> torch.Tensor:

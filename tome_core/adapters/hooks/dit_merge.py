@@ -20,7 +20,7 @@ from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
 from ...engine.kv_state import KVPatchState
 from ...engine.schedule import timestep_value
-from ...engine.token_merge import GridMatch, TokenMerge
+from ...engine.token_merge import GridMatch, TokenMerge, match_grid, merge_window
 from .host_caches import refuse_caches_inside
 from .unet import not_compiled
 
@@ -120,7 +120,11 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
                             f"{stream}; this block runs whole.")
             return None
         if call.match is None:
-            call.match = state.match_for(hidden, stream, call.step)
+            config = state.config
+            window = merge_window(stream.grid, config.sx, config.sy)
+            destinations = state.destinations_for(stream.grid, window, call.step, hidden.device)
+            tokens = hidden[:, stream.prefix:stream.prefix + stream.grid_tokens]
+            call.match = match_grid(tokens, stream.grid, config.ratio, destinations, window)
         inputs = state.family.merge
         merge = call.merge_on(stream)
         merged = merge.merge(hidden)

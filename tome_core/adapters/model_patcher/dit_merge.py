@@ -19,7 +19,7 @@ from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
 from ...engine.kv_state import KVPatchState
 from ...engine.schedule import SigmaWindow, sigma_value
-from ...engine.token_merge import GridMatch, TokenMerge
+from ...engine.token_merge import GridMatch, TokenMerge, match_grid, merge_window
 from .layout import token_layout
 from .reach import unreached_error
 
@@ -142,7 +142,11 @@ class DiTMergePatch(KVPatchState):
             raise self._references()
         stream = TokenLayout(layout.grid, prefix=prefix, suffix=after)
         if call.match is None:
-            call.match = self.match_for(img, stream, call.sigma)
+            config = self.config
+            window = merge_window(layout.grid, config.sx, config.sy)
+            destinations = self.destinations_for(layout.grid, window, call.sigma, img.device)
+            tokens = img[:, stream.prefix:stream.prefix + layout.grid_tokens]
+            call.match = match_grid(tokens, layout.grid, config.ratio, destinations, window)
         merge = call.merge_on(stream)
         merged = merge.merge(img)
         # ComfyUI's Flux blocks add to their input in place (x += ...): the update is taken against a copy
