@@ -2,7 +2,7 @@
 # The GPU benchmark in one command, for a CUDA machine without internet (e.g. a lent H100/H200).
 #
 #   bash tools/gpu_suite.sh [OUT_DIR] [BENCH ARGS...]        (default OUT_DIR: ${OUT:-bench_out}/gpu)
-#   TOME_GPU_PART=dit bash tools/gpu_suite.sh [OUT_DIR]      the transformer part instead (issue 27): Flux 1024²,
+#   TOME_GPU_PART=dit bash tools/gpu_suite.sh [OUT_DIR]      the transformer part instead (kv against merge): Flux 1024²,
 #       Qwen-Image 1328², Wan 832x480x33, bf16, --blocks 2, vanilla, kv at 0.5/0.75 and merge at 0.25/0.5/0.75
 #
 # That machine needs torch (CUDA build), transformers, accelerate, safetensors and numpy; diffusers and

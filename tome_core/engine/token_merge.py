@@ -11,7 +11,7 @@ its destination (picked like kv's keys, seeded per step), and the ``r`` other to
 to their own window's destination (cosine, summed over the batch) are merged into it. Local keeps
 RoPE honest: a merged token sits at its destination's position, at most one window away from any
 of its members. One matching serves the whole batch, so positional tables without a batch axis
-(diffusers' rotary embeddings) are cut with one index; CFG halves share their latent, so their
+(a rotary table shared by the batch) are cut with one index; CFG halves share their latent, so their
 matchings would agree anyway.
 
 Unmerge restores the sequence by the block's *update*, not its output: every token keeps its own
