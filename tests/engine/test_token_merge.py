@@ -6,7 +6,7 @@ import torch
 
 from tome_core.engine.grid import TokenLayout
 from tome_core.engine.kv import pick_index_nd
-from tome_core.engine.token_merge import match_grid, merge_window, plan_token_merge
+from tome_core.engine.token_merge import match_grid, merge_window
 
 
 def planned(layout: TokenLayout, ratio: float, batch: int = 2, seed: int = 0, generator_seed=None):
@@ -14,7 +14,8 @@ def planned(layout: TokenLayout, ratio: float, batch: int = 2, seed: int = 0, ge
     window = merge_window(layout.grid, 2, 2)
     generator = None if generator_seed is None else torch.Generator().manual_seed(generator_seed)
     destinations = pick_index_nd(layout.grid, window, generator)
-    return x, window, destinations, plan_token_merge(x, layout, ratio, destinations, window)
+    tokens = x[:, layout.prefix:layout.prefix + layout.grid_tokens]
+    return x, window, destinations, match_grid(tokens, layout.grid, ratio, destinations, window).on(layout)
 
 
 @pytest.mark.parametrize("grid", [(6, 8), (5, 7), (3, 5, 7)])

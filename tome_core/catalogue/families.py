@@ -47,6 +47,10 @@ class ModelFamily:
     comfy: Tuple[ComfyDiT, ...] = ()
     default_mode: str = "kv"
 
+    def mode_for(self, merges: bool) -> str:
+        """The mode used where none is asked for, on a class that does (``merges``) or does not take mode merge."""
+        return "merge" if self.default_mode == "merge" and merges else "kv"
+
     def __post_init__(self) -> None:
         merges = any(b.merge is not None for b in self.diffusers + self.comfy)
         if self.default_mode not in ("kv", "merge") or (self.default_mode == "merge" and not merges):

@@ -118,13 +118,6 @@ def match_grid(tokens: torch.Tensor, grid: Sequence[int], ratio: float, destinat
     return GridMatch(merged_away, target, max(r, 0))
 
 
-def plan_token_merge(stream: torch.Tensor, layout: TokenLayout, ratio: float, destinations: torch.Tensor,
-                     window: Sequence[int]) -> TokenMerge:
-    """Match the grid of ``stream`` [B, L, C] (laid out as ``layout``) and build that stream's merge."""
-    tokens = stream[:, layout.prefix:layout.prefix + layout.grid_tokens]
-    return match_grid(tokens, layout.grid, ratio, destinations, window).on(layout)
-
-
 def _window_of_each_token(grid: Sequence[int], window: Sequence[int], device: torch.device) -> torch.Tensor:
     """[prod(grid)] the raster id of the window (in ``pick_index_nd``'s order) each grid token falls in."""
     ids = torch.zeros((), dtype=torch.long, device=device)

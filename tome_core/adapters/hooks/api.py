@@ -57,10 +57,7 @@ def apply_patch(
     if mode is None:  # tomesd's merge on UNets; a DiT family's own default (catalogue: kv, merge on Qwen-Image)
         dit = diffusers_dit.find_dit(model)
         binding = diffusers_dit.family_of(dit) if dit is not None else None
-        family = family_of_binding(binding) if binding is not None else None
-        mode = "kv" if family is not None else "merge"
-        if family is not None and family.default_mode == "merge" and binding.merge is not None:
-            mode = "merge"
+        mode = family_of_binding(binding).mode_for(binding.merge is not None) if binding is not None else "merge"
     config = ToMeConfig(
         ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, kv_downsample=kv_downsample,

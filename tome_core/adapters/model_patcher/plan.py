@@ -26,7 +26,7 @@ def default_mode(patcher: Any) -> str:
     family = dit_family(patcher)
     if family is None:
         return "merge"
-    return "merge" if family.default_mode == "merge" and merges(patcher) else "kv"
+    return family.mode_for(merges(patcher))
 
 
 @dataclass(frozen=True)
