@@ -1,4 +1,5 @@
-"""Mode "merge" on diffusers' Flux.1, Qwen-Image and Wan: fewer image tokens through whole blocks, per-block hooks.
+"""Mode "merge" on diffusers' Flux.1, Flux.2, Qwen-Image, Z-Image, Lumina 2 and Wan: fewer image tokens through whole
+blocks, per-block hooks.
 
 Tiny real diffusers classes with seeded weights (the fixtures of test_dit_diffusers and test_dit_families). What a
 block receives is recorded by a forward pre-hook registered after ToMe's, so it sees the merged inputs.
@@ -15,16 +16,20 @@ diffusers = pytest.importorskip("diffusers")
 from tome_core import apply_patch, describe, is_patched, remove_patch  # noqa: E402
 from conftest import check_identity_at_ratio_zero_and_after_removal, check_reduced_output  # noqa: E402
 from tome_core.adapters.hooks.dit import STATE_ATTR  # noqa: E402
-from test_dit_diffusers import flux, run, wan  # noqa: E402
-from test_dit_families import flux2, qwen_image  # noqa: E402
+from test_dit_diffusers import flux, wan  # noqa: E402
+from test_dit_families import flux2, ltx2, lumina2, qwen_image, run, z_image  # noqa: E402
 
-FAMILIES = {"flux": flux, "flux2": flux2, "qwen_image": qwen_image, "wan": wan}
+FAMILIES = {"flux": flux, "flux2": flux2, "qwen_image": qwen_image, "z_image": z_image, "lumina2": lumina2, "wan": wan,
+            "ltx2": ltx2}
+OWN_TEST = ("z_image", "lumina2", "ltx2")  # the block inputs are checked by their own tests below
+JOINT_ONLY = ("z_image", "lumina2")  # every merged layer takes the joint sequence [image, caption] / [caption, image]
 # The blocks of the default range: Flux.1 its single blocks (as mode kv), Qwen-Image and Wan all.
 DEFAULT_BLOCKS = {"flux": "single_transformer_blocks", "flux2": "transformer_blocks", "qwen_image": "transformer_blocks",
                   "wan": "blocks"}  # the block list the inputs are read from (Flux.2: its double blocks, text apart)
 # Every block list of the default range (Flux.2: every block; its single blocks take [text, image]).
 MERGED = {"flux": ("single_transformer_blocks",), "flux2": ("transformer_blocks", "single_transformer_blocks"),
-          "qwen_image": ("transformer_blocks",), "wan": ("blocks",)}
+          "qwen_image": ("transformer_blocks",), "z_image": ("layers",), "lumina2": ("layers",), "wan": ("blocks",),
+          "ltx2": ("transformer_blocks",)}
 
 
 def merged_blocks(model, family) -> list:
@@ -55,7 +60,7 @@ def test_ratio_zero_and_removal_are_bit_identical(family):
     assert state.reduced_calls == len(merged_blocks(model, family))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [name for name in FAMILIES if name not in OWN_TEST])
 def test_blocks_carry_fewer_image_tokens_text_whole_and_rope_follows(family):
     """Each block of the range gets int(r * grid) fewer image tokens; its text input is vanilla's in the first one
     (whose input is vanilla's); each image row of the rotary table is a distinct real token's row, in raster order."""
@@ -84,6 +89,96 @@ def test_blocks_carry_fewer_image_tokens_text_whole_and_rope_follows(family):
     assert torch.equal(merged[0]["text"], vanilla[0]["text"])
 
 
+# Z-Image / Lumina 2 layers: (hidden input, per-sample rotary table, mask) by name, and where the caption sits.
+JOINT_INPUTS = {"z_image": ("x", "freqs_cis", "attn_mask"), "lumina2": ("hidden_states", "image_rotary_emb",
+                                                                        "attention_mask")}
+
+
+@pytest.mark.parametrize("family", JOINT_ONLY)
+def test_joint_layers_merge_the_grid_only_and_their_per_sample_tables_follow(family):
+    """Z-Image ([image, padding, caption]) and Lumina 2 ([caption, image]): every layer gets int(r * grid) fewer tokens;
+    its rotary rows (one table per sample, token axis 1) are those of the kept tokens; with captions of two lengths
+    (Z-Image pads them, and masks the shorter) the mask is cut alike; the first layer's caption and padding are
+    vanilla's."""
+    model, inputs, where = FAMILIES[family](batch=2, text=40)
+    if family == "z_image":  # captions of 40 and 7 tokens: 64 and 32 after padding, the second sample masked
+        inputs["cap_feats"][1] = inputs["cap_feats"][1][:7]
+    hidden_key, rope_key, mask_key = JOINT_INPUTS[family]
+    seen = []
+
+    def spy(module, args, kwargs):
+        named = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+        mask = named.get(mask_key)
+        seen.append((named[hidden_key].clone(), named[rope_key].clone(), None if mask is None else mask.clone()))
+
+    handles = [layer.register_forward_pre_hook(spy, with_kwargs=True) for layer in model.layers]
+    run(model, inputs)
+    vanilla, seen[:] = list(seen), []
+    for handle in handles:
+        handle.remove()
+    apply_patch(model, ratio=0.5, mode="merge", seed=3)
+    handles = [layer.register_forward_pre_hook(spy, with_kwargs=True) for layer in model.layers]
+    run(model, inputs)
+    grid = int(torch.tensor(where["grid"]).prod())
+    call = model.__dict__[STATE_ATTR].current
+    joint = call.merge_on(call.joint)
+    assert len(seen) == len(vanilla) == 2 and joint.length == vanilla[0][0].shape[1]
+    image = slice(call.joint.prefix, call.joint.prefix + grid)
+    for (full, table, mask), (cut, rows, cut_mask) in zip(vanilla, seen):
+        assert cut.shape[1] == full.shape[1] - int(0.5 * grid)
+        assert torch.equal(rows, table.index_select(1, joint.kept))
+        assert (mask is None) == (family == "lumina2") and (mask is None or torch.equal(cut_mask, mask[:, joint.kept]))
+    whole = torch.ones(joint.length, dtype=torch.bool)
+    whole[image] = False  # the tokens outside the grid, each its own slot, in order
+    outside = joint.kept[(joint.kept < image.start) | (joint.kept >= image.stop)]
+    assert torch.equal(outside, torch.nonzero(whole).flatten())
+    first_full, first_cut = vanilla[0][0], seen[0][0]
+    kept_outside = torch.isin(joint.kept, outside)
+    assert torch.equal(first_cut[:, kept_outside], first_full[:, outside])
+
+
+@pytest.mark.parametrize("rope_type", ["interleaved", "split"])
+def test_ltx2_video_merged_audio_whole_and_video_tables_follow(rope_type):
+    """LTX-2: each block carries int(r * grid) fewer video tokens; the audio stream, which the block also returns, is
+    vanilla's in the first block; the video self- and cross-attention rotary rows ([B, tokens, D] or, split,
+    [B, heads, tokens, D/2]) are the kept tokens'; a per-token timestep (image-to-video's conditioning frame) gives
+    per-token modulation rows, cut alike."""
+    model, inputs, where = ltx2(batch=2, h=6, w=8, rope_type=rope_type)
+    tokens = int(torch.tensor(where["grid"]).prod())
+    inputs["timestep"] = torch.full((2, tokens), 600.0)
+    inputs["timestep"][:, :48] = 0.0  # the first latent frame: the conditioning image
+    inputs["audio_timestep"] = torch.full((2,), 600.0)  # as LTX2ImageToVideoPipeline passes them
+    axis = 1 if rope_type == "interleaved" else 2
+    seen = []
+
+    def spy(module, args, kwargs):
+        seen.append({k: (tuple(t.clone() for t in v) if isinstance(v, tuple) else v.clone()) for k, v in kwargs.items()
+                     if k in ("hidden_states", "audio_hidden_states", "video_rotary_emb", "ca_video_rotary_emb",
+                              "temb", "temb_ca_gate")})
+
+    handles = [block.register_forward_pre_hook(spy, with_kwargs=True) for block in model.transformer_blocks]
+    expected = run(model, inputs)
+    vanilla, seen[:] = list(seen), []
+    for handle in handles:
+        handle.remove()
+    apply_patch(model, ratio=0.5, mode="merge", seed=3)
+    handles = [block.register_forward_pre_hook(spy, with_kwargs=True) for block in model.transformer_blocks]
+    out = run(model, inputs)
+    kept = model.__dict__[STATE_ATTR].current.merge.kept
+    slots = tokens - int(0.5 * tokens)
+    assert len(seen) == len(vanilla) == 2 and kept.numel() == slots
+    assert torch.isfinite(out).all() and not torch.equal(out, expected)
+    for full, cut in zip(vanilla, seen):
+        assert cut["hidden_states"].shape[1] == slots
+        assert cut["audio_hidden_states"].shape == full["audio_hidden_states"].shape
+        for key in ("video_rotary_emb", "ca_video_rotary_emb"):
+            for table, rows in zip(cut[key], full[key]):
+                assert torch.equal(table, rows.index_select(axis, kept))
+        for key in ("temb", "temb_ca_gate"):
+            assert full[key].shape[1] == tokens and torch.equal(cut[key], full[key][:, kept])
+    assert torch.equal(seen[0]["audio_hidden_states"], vanilla[0]["audio_hidden_states"])
+
+
 def test_qwen_image_edit_reference_tokens_pass_whole():
     """Qwen-Image Edit: the reference image's tokens after the grid are never merged; in the first block their
     hidden states and their rotary rows are vanilla's."""
@@ -107,6 +202,8 @@ def test_qwen_image_edit_reference_tokens_pass_whole():
 def test_odd_sizes_and_batches(family, batch, size):
     if family == "wan":  # a latent of 3 frames, patched 2x2: odd token grids from latents of twice the size
         size = dict(frames=3, h=2 * size["h"], w=2 * size["w"])
+    if family in JOINT_ONLY:  # patched 2x2 from the latent itself
+        size = dict(h=2 * size["h"], w=2 * size["w"])
     model, inputs, _ = FAMILIES[family](batch=batch, **size)
     state = check_reduced_output(model, inputs, run, apply_patch, STATE_ATTR, mode="merge")
     assert state.reduced_calls == len(merged_blocks(model, family))
@@ -116,8 +213,12 @@ def test_odd_sizes_and_batches(family, batch, size):
 def test_bf16(family):
     model, inputs, _ = FAMILIES[family](batch=2)
     model = model.to(torch.bfloat16)
-    inputs = {k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-              for k, v in inputs.items()}
+    def bf16(v):  # Z-Image takes its latents and captions as lists
+        if isinstance(v, list):
+            return [bf16(item) for item in v]
+        return v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+
+    inputs = {k: bf16(v) for k, v in inputs.items()}
     expected = run(model, inputs)
     apply_patch(model, ratio=0.0, mode="merge")
     assert torch.equal(run(model, inputs), expected)
@@ -130,8 +231,8 @@ def test_families_without_merge_are_refused_naming_them():
     from test_dit_diffusers import sd3
 
     model, _, _ = sd3()
-    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, flux2, qwen_image, wan so far; "
-                                         "SD3Transformer2DModel is not among them.*mode='kv'"):
+    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, flux2, qwen_image, lumina2, "
+                                         "z_image, wan, ltx2 so far; SD3Transformer2DModel is not among them.*mode='kv'"):
         apply_patch(model, ratio=0.5, mode="merge")
     assert not is_patched(model)
 
@@ -174,11 +275,12 @@ def test_group_offloading_composes():
 
 
 def test_without_a_mode_each_family_gets_its_default():
-    """apply_patch without ``mode``: the catalogue's default (Qwen-Image and Wan merge, Flux.1 and the others kv);
-    UNets keep tomesd's merge (test_engine_diffusers)."""
+    """apply_patch without ``mode``: the catalogue's default (Qwen-Image, Wan, Z-Image / Lumina 2 merge, Flux.1 and the
+    others kv); UNets keep tomesd's merge (test_engine_diffusers)."""
     from test_dit_diffusers import sd3
 
-    for make, expected in ((qwen_image, "merge"), (wan, "merge"), (flux, "kv"), (sd3, "kv")):
+    for make, expected in ((qwen_image, "merge"), (wan, "merge"), (z_image, "merge"), (lumina2, "merge"), (flux, "kv"),
+                           (sd3, "kv")):
         model, _, _ = make()
         apply_patch(model, ratio=0.5)
         assert model.__dict__[STATE_ATTR].config.mode == expected
@@ -215,3 +317,16 @@ def test_the_merged_blocks_update_reaches_the_output(family):
             p.mul_(1.7)
     after = run(model, inputs)
     assert ((after - before).norm() / before.norm()).item() > 1e-3
+
+
+def test_ltx2_token_pair_masks_leave_the_blocks_whole_with_a_warning(caplog):
+    """An LTX-2 video self-attention mask (IC-LoRA's: one value per token pair) has no merged counterpart: the blocks
+    run whole, bit-identical to the unpatched model, and the log says so, naming the input."""
+    model, inputs, where = ltx2(batch=1)
+    tokens = int(torch.tensor(where["grid"]).prod())
+    inputs["video_self_attention_mask"] = torch.ones(1, tokens, tokens)
+    expected = run(model, inputs)
+    apply_patch(model, ratio=0.5, mode="merge")
+    with caplog.at_level("WARNING"):
+        assert torch.equal(run(model, inputs), expected)
+    assert "called with self_attention_mask" in caplog.text and "runs whole" in caplog.text

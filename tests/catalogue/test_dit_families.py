@@ -106,13 +106,15 @@ def ltx_video(frames: int = 3, h: int = 6, w: int = 5, batch: int = 1, text: int
     return model, inputs, dict(prefix=0, suffix=0, grid=(frames, h, w))
 
 
-def ltx2(frames: int = 3, h: int = 6, w: int = 5, batch: int = 1, text: int = 5, audio: int = 7):
+def ltx2(frames: int = 3, h: int = 6, w: int = 5, batch: int = 1, text: int = 5, audio: int = 7,
+         rope_type: str = "interleaved"):
     """Video and audio streams: per block video self-attention (reduced), audio self-attention, text
-    cross-attentions and audio <-> video cross-attentions (every key kept)."""
+    cross-attentions and audio <-> video cross-attentions (every key kept). ``rope_type`` "split": the released
+    LTX-2's rotary tables [B, heads, tokens, D/2] (default "interleaved": [B, tokens, D])."""
     model = _seed_weights(diffusers.LTX2VideoTransformer3DModel(
         in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
         audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=8,
-        audio_cross_attention_dim=16, num_layers=2, caption_channels=16))
+        audio_cross_attention_dim=16, num_layers=2, caption_channels=16, rope_type=rope_type))
     g = torch.Generator().manual_seed(1)
     inputs = dict(hidden_states=torch.randn(batch, frames * h * w, 8, generator=g),
                   audio_hidden_states=torch.randn(batch, audio, 8, generator=g),

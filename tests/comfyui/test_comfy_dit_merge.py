@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from test_comfy_dit import comfy, flux, sample, spy_on, tome_package, wan  # noqa: F401
-from test_comfy_families import flux2, qwen_image
+from test_comfy_families import flux2, lumina2, qwen_image, z_image
 
 from tome_core.adapters.model_patcher.dit import patch_dit_model_patcher
 from tome_core.adapters.model_patcher.plan import plan_patch
@@ -20,7 +20,9 @@ from tome_core.engine.config import ToMeConfig
 from tome_core.engine.grid import TokenLayout
 
 FAMILIES = {"flux": lambda comfy: flux(comfy)[:4], "flux2": lambda comfy: flux2(comfy)[:4],
-            "qwen_image": lambda comfy: qwen_image(comfy)[:4], "wan": lambda comfy: wan(comfy)[:4]}
+            "qwen_image": lambda comfy: qwen_image(comfy)[:4], "wan": lambda comfy: wan(comfy)[:4],
+            "z_image": lambda comfy: z_image(comfy)[:4], "lumina2": lambda comfy: lumina2(comfy)[:4]}
+NEXT_DIT = ("z_image", "lumina2")  # NextDiT: its layers object-patched (it calls them without replace patches)
 # The blocks of the default range: Flux its single blocks (as mode kv), Qwen-Image and Wan all (Wan's replace
 # patches are keyed "double_block" too).
 DEFAULT_BLOCKS = {"flux": [("single_block", 0), ("single_block", 1)],
@@ -61,7 +63,7 @@ def test_identity_bounded_change_and_original_untouched(comfy, family):
     assert torch.equal(sample(comfy, on, latent, cond), changed)  # same seed, same output
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [name for name in FAMILIES if name not in NEXT_DIT])
 def test_blocks_carry_fewer_image_tokens_text_whole_and_rope_follows(comfy, family):
     """The blocks of the range get int(r * grid) fewer image tokens; the text rows (and, in the first reduced block,
     whose input is vanilla's, the text's hidden states) are unchanged; each image row of the rotary table is the
@@ -154,7 +156,7 @@ def test_families_without_merge_are_refused(comfy):
     from test_comfy_dit import sd3
 
     patcher, _, _, _ = sd3(comfy)
-    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image, wan so far; "
+    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image, lumina2, wan so far; "
                                          "OpenAISignatureMMDITWrapper is not among them.*mode='kv'"):
         plan_patch(patcher, merge(0.5))
 
@@ -189,11 +191,12 @@ def test_the_plan_describes_mode_merge(comfy):
 
 
 def test_the_basic_node_uses_each_familys_default_mode(comfy, tome_package):
-    """The basic node has no mode input: Qwen-Image and Wan get merge (their catalogue default), Flux kv."""
+    """The basic node has no mode input: Qwen-Image, Wan and Z-Image get merge (their catalogue default), Flux kv."""
     from test_comfy_dit import _node_classes
 
     tome_nodes = _node_classes(tome_package)
-    for make, expected in ((FAMILIES["qwen_image"], "merge"), (FAMILIES["wan"], "merge"), (FAMILIES["flux"], "kv")):
+    for make, expected in ((FAMILIES["qwen_image"], "merge"), (FAMILIES["wan"], "merge"), (FAMILIES["z_image"], "merge"),
+                           (FAMILIES["flux"], "kv")):
         patcher, latent, cond, _ = make(comfy)
         out = tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)
         assert out["ui"]["tome"][0]["mode"] == expected
@@ -219,7 +222,8 @@ def test_the_merged_blocks_update_reaches_the_output(comfy, family):
     would vanish and leave every merged block a no-op)."""
     patcher, latent, cond, _ = FAMILIES[family](comfy)
     model = patcher.model.diffusion_model
-    attr = {"flux": "single_blocks", "flux2": "single_blocks", "qwen_image": "transformer_blocks", "wan": "blocks"}
+    attr = {"flux": "single_blocks", "flux2": "single_blocks", "qwen_image": "transformer_blocks", "wan": "blocks",
+            "z_image": "layers", "lumina2": "layers"}
     on = patch_dit_model_patcher(patcher, merge(0.5))
     before = sample(comfy, on, latent, cond, steps=1)
     with torch.no_grad():
@@ -227,3 +231,74 @@ def test_the_merged_blocks_update_reaches_the_output(comfy, family):
             p.mul_(1.7)
     after = sample(comfy, on, latent, cond, steps=1)
     assert ((after - before).norm() / before.norm()).item() > 1e-3
+
+
+def record_layers(model):
+    """What each NextDiT main layer itself receives (a forward pre-hook on the layer: ToMe's object patch calls it)."""
+    seen = []
+
+    def spy(module, args, kwargs):
+        seen.append((args[0].clone(), args[2].clone()))
+
+    return seen, [layer.register_forward_pre_hook(spy, with_kwargs=True) for layer in model.layers]
+
+
+@pytest.mark.parametrize("family", NEXT_DIT)
+def test_next_dit_layers_carry_fewer_image_tokens_caption_whole_and_rope_follows(comfy, family):
+    """Z-Image ([caption + padding, image + padding]) and Lumina 2 ([caption, image]): through object patches of its
+    layers, each gets int(r * grid) fewer tokens; the caption and padding rows and their rotary rows are vanilla's
+    in the first layer; every image rotary row is its kept token's. The input MODEL holds no object patch."""
+    patcher, latent, cond, where = FAMILIES[family](comfy)
+    model = patcher.model.diffusion_model
+    vanilla, handles = record_layers(model)
+    sample(comfy, patcher, latent, cond, steps=1)
+    for handle in handles:
+        handle.remove()
+    on = patch_dit_model_patcher(patcher, merge(0.5, seed=3))
+    assert sorted(on.object_patches) == ["diffusion_model.layers.0", "diffusion_model.layers.1"]
+    assert not patcher.object_patches
+    merged, handles = record_layers(model)
+    sample(comfy, on, latent, cond, steps=1)
+    for handle in handles:
+        handle.remove()
+    assert len(merged) == len(vanilla) == 2
+    sample(comfy, patcher, latent, cond, steps=1)  # the input MODEL loaded again: ComfyUI takes the object patches off
+    assert all(type(layer).__name__ == "JointTransformerBlock" for layer in model.layers)
+    prefix, grid, suffix = where["prefix"], where["grid"], where["suffix"]
+    slots = grid - int(0.5 * grid)
+    state = on.wrappers["apply_model"]["tome_dit_kv"][0].__self__
+    kept = state.last_call.match.on(TokenLayout(state.last_call.layout.grid)).kept
+    for (full, pe), (cut, cut_pe) in zip(vanilla, merged):
+        assert cut.shape[1] == prefix + slots + suffix and cut_pe.shape[1] == cut.shape[1]
+        assert torch.equal(cut_pe[:, :prefix], pe[:, :prefix]) and torch.equal(cut_pe[:, prefix + slots:],
+                                                                               pe[:, prefix + grid:])
+        assert torch.equal(cut_pe[:, prefix:prefix + slots], pe[:, prefix:prefix + grid].index_select(1, kept))
+    assert torch.equal(merged[0][0][:, :prefix], vanilla[0][0][:, :prefix])
+    assert torch.equal(merged[0][0][:, prefix + slots:], vanilla[0][0][:, prefix + grid:])
+
+
+def test_next_dit_object_patches_chain_and_re_patching_replaces(comfy):
+    """Another node's object patch on a NextDiT layer (set before ToMe) is kept and called with the merged tokens;
+    re-patching the patched clone replaces ToMe's copy instead of stacking a second merge on it."""
+    patcher, latent, cond, where = FAMILIES["z_image"](comfy)
+    layer = patcher.model.diffusion_model.layers[1]
+    seen = []
+
+    class Other(type(layer)):  # another node's replacement of the layer, sharing its weights
+        def forward(self, x, *args, **kwargs):
+            seen.append(x.shape[1])
+            return super().forward(x, *args, **kwargs)
+
+    other = type(layer).__new__(Other)
+    other.__dict__.update(layer.__dict__)
+    base = patcher.clone()
+    base.add_object_patch("diffusion_model.layers.1", other)
+    on = patch_dit_model_patcher(base, merge(0.5))
+    sample(comfy, on, latent, cond, steps=1)
+    merged_length = where["prefix"] + where["grid"] - int(0.5 * where["grid"]) + where["suffix"]
+    assert seen == [merged_length]
+    again = patch_dit_model_patcher(on, merge(0.5))
+    assert again.object_patches["diffusion_model.layers.1"].__dict__["_tome_previous"] is other
+    seen.clear()
+    sample(comfy, again, latent, cond, steps=1)
+    assert seen == [merged_length]

@@ -773,3 +773,19 @@ def test_ideogram4_call_without_text_is_the_image_alone(comfy):
     alone, joint = token_layout(model, latent, None, {}), token_layout(model, latent, cond[0][0], {})
     assert (alone.prefix, alone.grid_tokens, alone.length) == (0, 35, 35)
     assert (joint.prefix, joint.grid_tokens, joint.length) == (6, 35, 41)
+
+
+@pytest.mark.parametrize("mode", ["kv", "merge"])
+def test_z_image_calls_with_reference_latents_stop_the_prompt(comfy, mode):
+    """A Z-Image Omni / edit call (reference latents in the conditioning: ComfyUIs whose Lumina2 takes them) cannot be
+    placed: rather than an image without ToMe under a node that says otherwise, sampling stops naming the inputs."""
+    import inspect
+
+    model_base = importlib.import_module("comfy.model_base")
+    if "reference_latents" not in inspect.getsource(model_base.Lumina2.extra_conds):
+        pytest.skip("this ComfyUI's Lumina2 takes no reference latents (no Z-Image Omni)")
+    patcher, latent, _, _, _ = FAMILIES["z_image"](comfy)
+    cond = _cond(5, 32, reference_latents=[torch.zeros(1, 16, 12, 10)])
+    patched = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode=mode))
+    with pytest.raises(ValueError, match="NextDiT call carries ref_latents .*remove the ToMe node"):
+        sample(comfy, patched, latent, cond, steps=1)

@@ -58,6 +58,8 @@ class ComfyMerge:
         stream alone. pe_axis: the token axis of "pe" ([text, image] on axis 2: Flux, Qwen-Image; the video alone on
         axis 1: Wan). per_token: args with one value per stream token on axis 1 where they have one (Wan 2.2 ti2v's
         per-token timestep "vec"). classes: the binding's classes mode merge is tested on (empty: every class).
+    object_patch: the model calls its blocks without replace patches (NextDiT): each block is object-patched by a
+        copy sharing its weights, whose call goes through the same patch (args "img" [caption, image], "pe", "vec").
     """
 
     joint: Tuple[str, ...] = ()
@@ -65,6 +67,7 @@ class ComfyMerge:
     per_token: Tuple[str, ...] = ()
     replace: Tuple[Tuple[str, str], ...] = ()
     classes: Tuple[str, ...] = ()
+    object_patch: bool = False
 
     def key(self, reported: str) -> str:
         return dict(self.replace).get(reported, f"{reported}_block")

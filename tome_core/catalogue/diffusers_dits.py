@@ -84,24 +84,36 @@ def rope_over_video(rope: Any, merge: TokenMerge, text: int) -> Any:
     return tuple(merge.take(table, 1) for table in rope)
 
 
+def rope_over_video_heads(rope: Any, merge: TokenMerge, text: int) -> Any:
+    """LTX-2's video tables: (cos, sin), each [B, video tokens, D] ("interleaved") or [B, heads, video tokens, D/2]
+    ("split")."""
+    return tuple(merge.take(table, 1 if table.ndim == 3 else 2) for table in rope)
+
+
 @dataclass(frozen=True)
 class MergeInputs:
     """How mode "merge" carries fewer image tokens through a family's blocks in diffusers.
 
-    Every block of the block range takes the image stream ([before, grid, after]; the text apart) as
-    ``hidden_states`` and returns that stream (``output`` None) or a tuple whose ``output``-th item it is; ``rope``
-    cuts the block's rotary table (``image_rotary_emb``, Wan's ``rotary_emb``) to the merged stream (given the text
-    length); ``per_token`` names inputs holding one value per stream token on axis 1 where they have one (Qwen-Image
-    Edit's ``modulate_index``, Wan 2.2 ti2v's per-token ``temb``), cut alike. ``joint``: block lists whose
-    ``hidden_states`` is [text, image] instead (Flux.2's single blocks), returning ``joint_output`` (None: the
-    tensor itself).
+    Every block of the block range takes the image stream ([before, grid, after]; the text apart) as its ``hidden``
+    input and returns that stream (``output`` None) or a tuple whose ``output``-th item it is; ``rope`` cuts the
+    block's rotary table (``image_rotary_emb``, Wan's ``rotary_emb``) to the merged stream (given the text length);
+    ``per_token`` names inputs holding one value per stream token on axis 1 where they have one (Qwen-Image Edit's
+    ``modulate_index``, Wan 2.2 ti2v's per-token ``temb``, Z-Image's per-sample ``freqs_cis`` and ``attn_mask``),
+    cut alike. ``joint``: block lists whose hidden input is the joint sequence instead, the text where the family's
+    ``text`` puts it (Flux.2's single blocks: [text, image]; Z-Image's layers: [image, caption]), returning
+    ``joint_output`` (None: the tensor itself). ``rope_keys``: the inputs ``rope`` cuts (LTX-2: its video self- and
+    cross-attention tables). ``whole_with``: inputs that, when given, leave the block whole with a warning (LTX-2's
+    token-by-token attention masks, which have no merged counterpart).
     """
 
-    rope: Callable[[Any, TokenMerge, int], Any]
+    rope: Optional[Callable[[Any, TokenMerge, int], Any]]
     per_token: Tuple[str, ...] = ()
     output: Optional[int] = 1
     joint: Tuple[str, ...] = ()
     joint_output: Optional[int] = None
+    hidden: str = "hidden_states"
+    rope_keys: Tuple[str, ...] = ("image_rotary_emb", "rotary_emb")
+    whole_with: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

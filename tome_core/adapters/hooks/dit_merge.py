@@ -29,12 +29,14 @@ STATE_ATTR = "_tome_dit"  # one attribute for both DiT modes: remove_patch and i
 
 class _Call:
     """One model call's merge: the image stream's layout, the text length, the step, and (once the first reduced
-    block has run) the matching, the merge of each stream it is applied to (the image stream; Flux.2's [text, image]
-    stream) and the cut rotary tables, shared by the call's other blocks."""
+    block has run) the matching, the merge of each stream it is applied to (the image stream; the joint stream of
+    Flux.2's single blocks, [text, image], and of Z-Image's layers, [image, caption]) and the cut rotary tables,
+    shared by the call's other blocks."""
 
-    def __init__(self, stream: TokenLayout, text: int, step: float) -> None:
+    def __init__(self, stream: TokenLayout, text: int, step: float, text_last: bool = False) -> None:
         self.stream, self.text, self.step = stream, text, step
-        self.joint = TokenLayout(stream.grid, prefix=text + stream.prefix, suffix=stream.suffix)
+        self.joint = (TokenLayout(stream.grid, prefix=stream.prefix, suffix=stream.suffix + text) if text_last else
+                      TokenLayout(stream.grid, prefix=text + stream.prefix, suffix=stream.suffix))
         self.match: Optional[GridMatch] = None
         self.merges: Dict[TokenLayout, TokenMerge] = {}
         self.rope: Dict[int, Any] = {}
@@ -83,7 +85,7 @@ def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     spec = state.family.timestep
     step = timestep_value(kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)) or 0.0
     if config.in_schedule(spec.progress(step)):
-        state.current = _Call(stream, tokens.text, step)
+        state.current = _Call(stream, tokens.text, step, text_last=state.family.text == "last")
 
 
 @lru_cache(maxsize=None)
@@ -112,12 +114,18 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
         call = state.current
         if call is None:
             return None
+        inputs = state.family.merge
         named = _keywords(module, args, kwargs)
-        hidden = None if named is None else named.get("hidden_states")
+        hidden = None if named is None else named.get(inputs.hidden)
         stream = call.joint if joint else call.stream  # Flux.2's single blocks take [text, image]
         if not isinstance(hidden, torch.Tensor) or hidden.ndim != 3 or hidden.shape[1] != stream.length:
             state.warn_once(f"skip:{name}", f"ToMe: {name}: its image stream does not match the call's layout "
                             f"{stream}; this block runs whole.")
+            return None
+        masked = [key for key in inputs.whole_with if named.get(key) is not None]
+        if masked:
+            state.warn_once(f"mask:{name}", f"ToMe: {name}: called with {', '.join(masked)} (one entry per token "
+                            "pair, which merged tokens have no counterpart for); this block runs whole.")
             return None
         if call.match is None:
             config = state.config
@@ -125,13 +133,12 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
             destinations = state.destinations_for(stream.grid, window, call.step, hidden.device)
             tokens = hidden[:, stream.prefix:stream.prefix + stream.grid_tokens]
             call.match = match_grid(tokens, stream.grid, config.ratio, destinations, window)
-        inputs = state.family.merge
         merge = call.merge_on(stream)
         merged = merge.merge(hidden)
-        named["hidden_states"] = merged
-        for key in ("image_rotary_emb", "rotary_emb"):
+        named[inputs.hidden] = merged
+        for key in inputs.rope_keys:
             rope = named.get(key)
-            if rope is not None:
+            if rope is not None and inputs.rope is not None:
                 if id(rope) not in call.rope:  # one cut per call: every block gets the same table
                     call.rope[id(rope)] = (rope, inputs.rope(rope, call.merge, call.text))
                 named[key] = call.rope[id(rope)][1]

@@ -21,7 +21,7 @@ from ...engine.blocks import chosen_blocks
 from ...engine.schedule import SigmaWindow, sigma_value
 from ...catalogue.comfy_dits import (ComfyDiT, base_model, block_offsets, default_start, family_of, grid_last,
                                     merging_names, supported_names, unreached)
-from .layout import ambiguous_lengths, token_layout
+from .layout import ambiguous_lengths, refuse_unplaceable, token_layout
 from .reach import unreached_error
 from .reports import ReportBasis, agrees, host_report, report_basis, reported_layout
 from ...catalogue.families import ModelFamily, family_of_binding
@@ -330,6 +330,7 @@ class DiTKVPatch(KVPatchState):
             return None
         context = context if isinstance(context, torch.Tensor) else None
         diffusion_model = base_model.diffusion_model
+        refuse_unplaceable(diffusion_model, extra)
         layout = token_layout(diffusion_model, x, context, extra)
         if layout is None or not self.reducible(layout):
             return None

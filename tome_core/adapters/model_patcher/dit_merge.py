@@ -1,15 +1,19 @@
 """Mode "merge" on ComfyUI's DiTs: fewer image tokens through whole blocks, through its public patch API.
 
-Two host mechanisms, both per patched clone: the APPLY_MODEL wrapper (``add_wrapper_with_key``) reads each
+Host mechanisms, all per patched clone: the APPLY_MODEL wrapper (``add_wrapper_with_key``) reads each
 model call's layout and sigma once and puts a ``_MergeCall`` in that call's ``transformer_options``; a "dit"
 block replace patch (``set_model_patch_replace``, the one Flux, Qwen-Image, Wan and LTX call around every
 block as ``blocks_replace[("double_block", i)]``) hands the block the merged image tokens and the rotary
-table cut to them, and puts the block's update back on every token afterwards. A replace patch another node
-set on the same block before ToMe is kept and called with the merged tokens (both act). The matching is
-planned from the first reduced block's input and shared by the call's other blocks and streams.
+table cut to them, and puts the block's update back on every token afterwards. A model that calls its blocks
+without replace patches (Lumina 2 / Z-Image's NextDiT) gets the same patch through an object patch
+(``add_object_patch``) of each block: a copy sharing the block's weights (``merged_block``). A replace or object
+patch another node set on the same block before ToMe is kept and called with the merged tokens (both act). The
+matching is planned from the first reduced block's input and shared by the call's other blocks and streams.
 """
 from __future__ import annotations
 
+import copy
+from functools import lru_cache
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -20,7 +24,7 @@ from ...engine.grid import TokenLayout
 from ...engine.kv_state import KVPatchState
 from ...engine.schedule import SigmaWindow, sigma_value
 from ...engine.token_merge import GridMatch, TokenMerge, match_grid, merge_window
-from .layout import token_layout
+from .layout import refuse_unplaceable, token_layout
 from .reach import unreached_error
 
 CALL_KEY = "tome_merge_call"  # transformer_options key of the running model call's _MergeCall
@@ -85,6 +89,7 @@ class DiTMergePatch(KVPatchState):
         if not config.enabled:
             return None
         context = context if isinstance(context, torch.Tensor) else None
+        refuse_unplaceable(base.diffusion_model, extra)
         layout = token_layout(base.diffusion_model, x, context, extra)
         if layout is None or layout.grid_tokens < max(config.min_tokens, 4):
             return None
@@ -179,12 +184,58 @@ def merge_blocks(family: ComfyDiT, diffusion_model: Any, offsets: Dict[str, int]
     return found
 
 
+def _merged_forward(self: torch.nn.Module, x: torch.Tensor, x_mask: Any, freqs_cis: Any, adaln_input: Any = None,
+                    *args: Any, transformer_options: Optional[dict] = None, **kwargs: Any) -> torch.Tensor:
+    """NextDiT's block call (x, x_mask, freqs_cis, adaln_input, ..., transformer_options) as a "dit" replace patch's
+    args: the block it stands for runs on whatever the patch hands it."""
+    previous: torch.nn.Module = self.__dict__["_tome_previous"]
+    options = transformer_options if transformer_options is not None else {}
+    if args or kwargs.get("timestep_zero_index") is not None:  # Z-Image Omni's per-position modulation: whole
+        return previous(x, x_mask, freqs_cis, adaln_input, *args, transformer_options=options, **kwargs)
+
+    def original(a: dict) -> dict:
+        return {"img": previous(a["img"], a["attn_mask"], a["pe"], a["vec"], transformer_options=options, **kwargs)}
+
+    args_in = {"img": x, "attn_mask": x_mask, "pe": freqs_cis, "vec": adaln_input, "transformer_options": options}
+    return self.__dict__["_tome_patch"](args_in, {"original_block": original, "transformer_options": options})["img"]
+
+
+@lru_cache(maxsize=None)
+def _merged_class(cls: type) -> type:
+    return type(f"ToMeMerged{cls.__name__}", (cls,), {"forward": _merged_forward, "__module__": cls.__module__})
+
+
+def merged_block(block: torch.nn.Module, patch: Callable) -> torch.nn.Module:
+    """``block`` as an object patch that runs through ``patch``: a shallow copy, so it shares the block's parameter,
+    buffer and submodule dicts (weight patches, LoRA keys, offloading and casts see the very same tensors under the
+    same names), with a subclass whose forward calls the block itself through the patch."""
+    previous = block.__dict__.get("_tome_previous", block)  # re-patching replaces ToMe's copy, keeps another node's
+    merged = copy.copy(previous)
+    for name, hooks in list(vars(merged).items()):  # the block's own hooks fire once, when the copy calls it
+        if name.startswith(("_forward_", "_backward_")) and isinstance(hooks, dict):
+            setattr(merged, name, type(hooks)())
+    merged.__class__ = _merged_class(type(previous))
+    merged.__dict__["_tome_previous"], merged.__dict__["_tome_patch"] = previous, patch
+    return merged
+
+
+def _object_patch(clone: Any, state: DiTMergePatch, kind: str, index: int) -> None:
+    attr = {blocks.reported: blocks.attr for blocks in state.family.blocks}[kind]
+    diffusion_model = clone.get_model_object("diffusion_model")
+    at = "diffusion_model._orig_mod" if hasattr(diffusion_model, "_orig_mod") else "diffusion_model"
+    key = f"{at}.{attr}.{index}"
+    clone.add_object_patch(key, merged_block(clone.get_model_object(key), state.block_patch(kind, None)))
+
+
 def attach(clone: Any, state: DiTMergePatch, wrapper_key: str, apply_model: str) -> Any:
-    """Register the wrapper and one replace patch per block on ``clone``, chaining replace patches set before."""
+    """Register the wrapper and one replace (or object) patch per block on ``clone``, chaining patches set before."""
     replaced = clone.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
     clone.remove_wrappers_with_key(apply_model, wrapper_key)  # re-patching replaces, never stacks
     clone.add_wrapper_with_key(apply_model, wrapper_key, state.apply_model_wrapper)
     for kind, index in state.blocks:
+        if state.family.merge.object_patch:
+            _object_patch(clone, state, kind, index)
+            continue
         key = state.family.merge.key(kind)
         previous = replaced.get((key, index))
         previous = getattr(previous, "tome_previous", previous) if getattr(previous, "tome_patch", False) else previous

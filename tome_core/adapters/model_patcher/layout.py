@@ -87,6 +87,19 @@ def _padding(count: int, multiple: Optional[int]) -> int:
     return (-count) % multiple if multiple else 0
 
 
+def refuse_unplaceable(diffusion_model: Any, extra: Dict[str, Any]) -> None:
+    """A call carrying tokens the catalogue cannot place (``unknown_with``: Z-Image Omni's reference latents and SigLIP
+    features) stops the prompt, naming them: left whole, the image would come without ToMe while the node says
+    otherwise."""
+    entry = family_of(diffusion_model)
+    keys = [key for key in (entry.unknown_with if entry is not None else ()) if extra.get(key) is not None]
+    if keys:
+        cls = type(base_model(diffusion_model))
+        raise ValueError(f"ToMe: this {cls.__qualname__} call carries {' and '.join(keys)} (Z-Image Omni / edit "
+                         "conditioning), whose tokens ToMe cannot place yet: remove the ToMe node for this model, or "
+                         "sample without those inputs.")
+
+
 def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tensor],
                  extra: Optional[Dict[str, Any]] = None) -> Optional[TokenLayout]:
     """Token layout of one model call from the latent x, the text, the patch size and the call's keywords.
