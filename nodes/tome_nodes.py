@@ -53,7 +53,7 @@ ADVANCED_INPUTS = {
                                "merge: tomesd's method, self-attention runs on merged tokens and the result is "
                                "copied back. kv: every token keeps its own query, only keys/values are downsampled "
                                "to one token per window (gentler on detail; the window is the one closest to ratio: 0.5 -> 1x2, 0.75 -> 2x2, 0.88 with sx=sy=3 -> 3x3). "
-                               "On Flux, Qwen-Image, Z-Image and Wan, merge carries fewer image tokens through whole blocks (more "
+                               "On Flux, Qwen-Image, Z-Image, Wan and LTX-2, merge carries fewer image tokens through whole blocks (more "
                                "speed, more error than kv; other transformers take kv only)."}),
     "merge_crossattn": ("BOOLEAN", {"default": False, "tooltip":
                                     "Also merge the image tokens entering cross-attention (mode merge only). "

@@ -232,7 +232,8 @@ def test_families_without_merge_are_refused_naming_them():
 
     model, _, _ = sd3()
     with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, flux2, qwen_image, lumina2, "
-                                         "z_image, wan, ltx2 so far; SD3Transformer2DModel is not among them.*mode='kv'"):
+                                         "z_image, wan, ltx2 so far; SD3Transformer2DModel is not among them.*"
+                                         "mode='kv'"):
         apply_patch(model, ratio=0.5, mode="merge")
     assert not is_patched(model)
 
@@ -275,12 +276,12 @@ def test_group_offloading_composes():
 
 
 def test_without_a_mode_each_family_gets_its_default():
-    """apply_patch without ``mode``: the catalogue's default (Qwen-Image, Wan, Z-Image / Lumina 2 merge, Flux.1 and the
-    others kv); UNets keep tomesd's merge (test_engine_diffusers)."""
+    """apply_patch without ``mode``: the catalogue's default (Qwen-Image, Wan, Z-Image / Lumina 2, LTX-2 merge, Flux.1
+    and the others kv); UNets keep tomesd's merge (test_engine_diffusers)."""
     from test_dit_diffusers import sd3
 
-    for make, expected in ((qwen_image, "merge"), (wan, "merge"), (z_image, "merge"), (lumina2, "merge"), (flux, "kv"),
-                           (sd3, "kv")):
+    for make, expected in ((qwen_image, "merge"), (wan, "merge"), (z_image, "merge"), (lumina2, "merge"),
+                           (ltx2, "merge"), (flux, "kv"), (sd3, "kv")):
         model, _, _ = make()
         apply_patch(model, ratio=0.5)
         assert model.__dict__[STATE_ATTR].config.mode == expected

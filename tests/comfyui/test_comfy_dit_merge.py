@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from test_comfy_dit import comfy, flux, sample, spy_on, tome_package, wan  # noqa: F401
-from test_comfy_families import flux2, lumina2, qwen_image, z_image
+from test_comfy_families import flux2, ltxav, lumina2, qwen_image, z_image
 
 from tome_core.adapters.model_patcher.dit import patch_dit_model_patcher
 from tome_core.adapters.model_patcher.plan import plan_patch
@@ -21,8 +21,10 @@ from tome_core.engine.grid import TokenLayout
 
 FAMILIES = {"flux": lambda comfy: flux(comfy)[:4], "flux2": lambda comfy: flux2(comfy)[:4],
             "qwen_image": lambda comfy: qwen_image(comfy)[:4], "wan": lambda comfy: wan(comfy)[:4],
-            "z_image": lambda comfy: z_image(comfy)[:4], "lumina2": lambda comfy: lumina2(comfy)[:4]}
+            "z_image": lambda comfy: z_image(comfy)[:4], "lumina2": lambda comfy: lumina2(comfy)[:4],
+            "ltx2": lambda comfy: ltxav(comfy)[:4]}
 NEXT_DIT = ("z_image", "lumina2")  # NextDiT: its layers object-patched (it calls them without replace patches)
+OWN_TEST = NEXT_DIT + ("ltx2",)  # what their blocks receive is checked by their own tests below
 # The blocks of the default range: Flux its single blocks (as mode kv), Qwen-Image and Wan all (Wan's replace
 # patches are keyed "double_block" too).
 DEFAULT_BLOCKS = {"flux": [("single_block", 0), ("single_block", 1)],
@@ -63,7 +65,7 @@ def test_identity_bounded_change_and_original_untouched(comfy, family):
     assert torch.equal(sample(comfy, on, latent, cond), changed)  # same seed, same output
 
 
-@pytest.mark.parametrize("family", [name for name in FAMILIES if name not in NEXT_DIT])
+@pytest.mark.parametrize("family", [name for name in FAMILIES if name not in OWN_TEST])
 def test_blocks_carry_fewer_image_tokens_text_whole_and_rope_follows(comfy, family):
     """The blocks of the range get int(r * grid) fewer image tokens; the text rows (and, in the first reduced block,
     whose input is vanilla's, the text's hidden states) are unchanged; each image row of the rotary table is the
@@ -113,7 +115,13 @@ def test_odd_sizes_batches_and_bf16(comfy, family, dtype, batch):
         config = patcher.model.model_config
         config.set_inference_dtype(dtype, None)
         patcher = _seeded_patcher(comfy, config.get_model({}))
-    latent = latent.expand(batch, *latent.shape[1:]).clone()
+    if family == "ltx2":  # a nested [video, audio] latent: each stream batched
+        import comfy.nested_tensor
+
+        latent = comfy.nested_tensor.NestedTensor([t.expand(batch, *t.shape[1:]).clone() for t in latent.tensors])
+        cond = [[cond[0][0], {}]]  # no text mask: the tiny text of one sample serves the batch
+    else:
+        latent = latent.expand(batch, *latent.shape[1:]).clone()
     expected = sample(comfy, patcher, latent, cond, steps=1)
     assert torch.equal(sample(comfy, patch_dit_model_patcher(patcher, merge(0.0)), latent, cond, steps=1), expected)
     on = patch_dit_model_patcher(patcher, merge(0.75))
@@ -156,8 +164,8 @@ def test_families_without_merge_are_refused(comfy):
     from test_comfy_dit import sd3
 
     patcher, _, _, _ = sd3(comfy)
-    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image, lumina2, wan so far; "
-                                         "OpenAISignatureMMDITWrapper is not among them.*mode='kv'"):
+    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image, lumina2, wan, ltx2 "
+                                         "so far; OpenAISignatureMMDITWrapper is not among them.*mode='kv'"):
         plan_patch(patcher, merge(0.5))
 
 
@@ -195,8 +203,8 @@ def test_the_basic_node_uses_each_familys_default_mode(comfy, tome_package):
     from test_comfy_dit import _node_classes
 
     tome_nodes = _node_classes(tome_package)
-    for make, expected in ((FAMILIES["qwen_image"], "merge"), (FAMILIES["wan"], "merge"), (FAMILIES["z_image"], "merge"),
-                           (FAMILIES["flux"], "kv")):
+    for make, expected in ((FAMILIES["qwen_image"], "merge"), (FAMILIES["wan"], "merge"),
+                           (FAMILIES["z_image"], "merge"), (FAMILIES["flux"], "kv")):
         patcher, latent, cond, _ = make(comfy)
         out = tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)
         assert out["ui"]["tome"][0]["mode"] == expected
@@ -223,7 +231,7 @@ def test_the_merged_blocks_update_reaches_the_output(comfy, family):
     patcher, latent, cond, _ = FAMILIES[family](comfy)
     model = patcher.model.diffusion_model
     attr = {"flux": "single_blocks", "flux2": "single_blocks", "qwen_image": "transformer_blocks", "wan": "blocks",
-            "z_image": "layers", "lumina2": "layers"}
+            "z_image": "layers", "lumina2": "layers", "ltx2": "transformer_blocks"}
     on = patch_dit_model_patcher(patcher, merge(0.5))
     before = sample(comfy, on, latent, cond, steps=1)
     with torch.no_grad():
@@ -302,3 +310,46 @@ def test_next_dit_object_patches_chain_and_re_patching_replaces(comfy):
     seen.clear()
     sample(comfy, again, latent, cond, steps=1)
     assert seen == [merged_length]
+
+
+def _rows(value):
+    """A per-token input as rows [B, tokens, C] (LTX-2's CompressedTimestep expanded)."""
+    return value if isinstance(value, torch.Tensor) else value.expand()
+
+
+def test_ltx2_video_merged_audio_whole_and_video_inputs_follow(comfy):
+    """LTX-2 (2026 ComfyUIs): "img" is (video, audio); each block gets int(r * grid) fewer video tokens and the whole
+    audio stream (vanilla's in the first block); the video self- and cross-attention rotary rows and the per-frame
+    (compressed) timestep rows are those of the kept tokens."""
+    patcher, latent, cond, where = FAMILIES["ltx2"](comfy)
+    keys = ("v_pe", "v_cross_pe", "v_timestep", "v_cross_scale_shift_timestep", "v_cross_gate_timestep")
+
+    def record(base):
+        seen = []
+        for index in range(2):
+            def spy(args, extra):
+                seen.append(dict({key: args[key] for key in keys}, video=args["img"][0].clone(),
+                                 audio=args["img"][1].clone()))
+                return extra["original_block"](args)
+            base.set_model_patch_replace(spy, "dit", "double_block", index)
+        return seen
+
+    vanilla_base, merged_base = patcher.clone(), patcher.clone()
+    vanilla, merged = record(vanilla_base), record(merged_base)
+    sample(comfy, vanilla_base, latent, cond, steps=1)
+    on = patch_dit_model_patcher(merged_base, merge(0.5, seed=3))
+    sample(comfy, on, latent, cond, steps=1)
+    grid = where["grid"]
+    slots = grid - int(0.5 * grid)
+    state = on.wrappers["apply_model"]["tome_dit_kv"][0].__self__
+    kept = state.last_call.match.on(TokenLayout(state.last_call.layout.grid)).kept
+    assert len(merged) == len(vanilla) == 2 and kept.numel() == slots
+    for full, cut in zip(vanilla, merged):
+        assert cut["video"].shape[1] == slots and cut["audio"].shape == full["audio"].shape
+        for key in ("v_pe", "v_cross_pe"):
+            assert torch.equal(cut[key][0], full[key][0].index_select(1, kept)) and cut[key][1:] == full[key][1:]
+        for key in ("v_timestep", "v_cross_scale_shift_timestep", "v_cross_gate_timestep"):
+            rows = _rows(full[key])
+            if rows.shape[1] == grid:  # one row per token (a single row per sample passes as it is)
+                assert torch.equal(_rows(cut[key]), rows[:, kept])
+    assert torch.equal(merged[0]["audio"], vanilla[0]["audio"])

@@ -60,6 +60,9 @@ class ComfyMerge:
         per-token timestep "vec"). classes: the binding's classes mode merge is tested on (empty: every class).
     object_patch: the model calls its blocks without replace patches (NextDiT): each block is object-patched by a
         copy sharing its weights, whose call goes through the same patch (args "img" [caption, image], "pe", "vec").
+    img_item: "img" is a tuple of streams and this one is merged (LTX-2: (video, audio)); pe_keys: the rotary tables
+        cut (a tensor, or the tensors of a tuple); whole_with: args that, when given, leave the block whole with a
+        warning (token-pair attention masks).
     """
 
     joint: Tuple[str, ...] = ()
@@ -68,6 +71,9 @@ class ComfyMerge:
     replace: Tuple[Tuple[str, str], ...] = ()
     classes: Tuple[str, ...] = ()
     object_patch: bool = False
+    img_item: Optional[int] = None
+    pe_keys: Tuple[str, ...] = ("pe",)
+    whole_with: Tuple[str, ...] = ()
 
     def key(self, reported: str) -> str:
         return dict(self.replace).get(reported, f"{reported}_block")

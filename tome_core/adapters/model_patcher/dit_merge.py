@@ -124,7 +124,13 @@ class DiTMergePatch(KVPatchState):
                 return run(args)
             img, merged, merge = merged_args.pop("_tome")
             out = dict(run(merged_args))
-            out["img"] = merge.unmerge_update(img, merged, out["img"])
+            item = self.family.merge.img_item
+            if item is None:
+                out["img"] = merge.unmerge_update(img, merged, out["img"])
+            else:  # LTX-2: ("img": (video, audio)); the audio stream comes back as the block made it
+                streams = list(out["img"])
+                streams[item] = merge.unmerge_update(img, merged, streams[item])
+                out["img"] = tuple(streams)
             return out
 
         return tome_merge_block
@@ -134,14 +140,18 @@ class DiTMergePatch(KVPatchState):
 
         The tokens after the grid (reference latents, which the model appends inside its forward) pass whole; where
         the model modulates them by position (``zero_refs``) a shorter grid would shift them: refused."""
-        img, pe, layout = args.get("img"), args.get("pe"), call.layout
+        spec, layout = self.family.merge, call.layout
+        streams = args.get("img")
+        img = streams[spec.img_item] if spec.img_item is not None and isinstance(streams, tuple) else streams
         separate = joint or self.family.text == "separate"  # the text is not in "img" (a cross-attention's)
         text = 0 if separate else (args["txt"].shape[1] if isinstance(args.get("txt"), torch.Tensor) else -1)
         prefix = layout.prefix - text
         after = img.shape[1] - prefix - layout.grid_tokens if isinstance(img, torch.Tensor) and img.ndim == 3 else -1
-        if text < 0 or prefix < 0 or after < 0 or args.get("attn_mask") is not None:
+        masked = [key for key in ("attn_mask",) + spec.whole_with if args.get(key) is not None]
+        if text < 0 or prefix < 0 or after < 0 or masked:
             self.warn_once(f"whole:{joint}", f"ToMe: a {self.family.name} block's tokens do not match the call's "
-                           f"layout {layout} (or it has an attention mask); such blocks run whole.")
+                           f"layout {layout} (or it has an attention mask: {', '.join(masked) or 'none'}); such "
+                           "blocks run whole.")
             return None
         if after > 0 and call.zero_refs:
             raise self._references()
@@ -154,21 +164,54 @@ class DiTMergePatch(KVPatchState):
             call.match = match_grid(tokens, layout.grid, config.ratio, destinations, window)
         merge = call.merge_on(stream)
         merged = merge.merge(img)
-        # ComfyUI's Flux blocks add to their input in place (x += ...): the update is taken against a copy
-        out = dict(args, img=merged, _tome=(img, merged.clone(), merge))
-        spec = self.family.merge
-        if isinstance(pe, torch.Tensor):  # over [text, image] (Flux, Qwen-Image), or the video alone (Wan)
+        # ComfyUI's Flux and LTX-2 blocks add to their input in place (x += ...): the update is taken against a copy
+        out = dict(args, _tome=(img, merged.clone(), merge))
+        if spec.img_item is None:
+            out["img"] = merged
+        else:
+            out["img"] = tuple(merged if i == spec.img_item else s for i, s in enumerate(streams))
+        joint_layout = TokenLayout(layout.grid, prefix=text + prefix, suffix=after)
+        for key in spec.pe_keys:  # over [text, image] (Flux, Qwen-Image), or the video alone (Wan, LTX-2)
+            pe = args.get(key)
+            if pe is None:
+                continue
             if id(pe) not in call.pe:
-                joint_layout = TokenLayout(layout.grid, prefix=text + prefix, suffix=after)
-                call.pe[id(pe)] = (pe, call.merge_on(joint_layout).take(pe, spec.pe_axis))
-            out["pe"] = call.pe[id(pe)][1]
-        for key in spec.per_token:  # Wan 2.2 ti2v: a timestep per token
+                call.pe[id(pe)] = (pe, _cut_table(pe, call.merge_on(joint_layout), spec.pe_axis))
+            out[key] = call.pe[id(pe)][1]
+        for key in spec.per_token:  # Wan 2.2 ti2v: a timestep per token; LTX-2's per-token (or per-frame) timesteps
             value = args.get(key)
-            if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == img.shape[1]:
-                out[key] = merge.take(value, 1)
+            if value is None:
+                continue
+            if id(value) not in call.pe:
+                call.pe[id(value)] = (value, _cut_per_token(value, merge))
+            out[key] = call.pe[id(value)][1]
         if not torch.compiler.is_compiling():
             self.reduced_calls += 1
         return out
+
+
+def _cut_table(pe: Any, merge: TokenMerge, axis: int) -> Any:
+    """A rotary table cut to the merged stream: a tensor, or the tensors of a tuple (LTX-2's (matrix, split flag)) that
+    have the stream's length on ``axis``."""
+    if isinstance(pe, torch.Tensor):
+        return merge.take(pe, axis)
+    if isinstance(pe, tuple):
+        return tuple(merge.take(t, axis) if isinstance(t, torch.Tensor) and t.ndim > axis
+                     and t.shape[axis] == merge.length else t for t in pe)
+    return pe
+
+
+def _cut_per_token(value: Any, merge: TokenMerge) -> Any:
+    """A per-token input cut to the merged stream where it has one row per token (axis 1); others (one row per sample)
+    pass. LTX-2's ``CompressedTimestep`` (one row per frame, ``patches_per_frame`` tokens each) becomes the kept tokens'
+    frame rows, uncompressed (the merged stream has no fixed number of tokens per frame)."""
+    if isinstance(value, torch.Tensor):
+        return merge.take(value, 1) if value.ndim >= 2 and value.shape[1] == merge.length else value
+    data, per_frame = getattr(value, "data", None), getattr(value, "patches_per_frame", None)
+    if isinstance(data, torch.Tensor) and isinstance(per_frame, int) and data.shape[1] * per_frame == merge.length:
+        rows = data.index_select(1, torch.div(merge.kept, per_frame, rounding_mode="floor"))
+        return type(value)(rows, None)
+    return value
 
 
 def merge_blocks(family: ComfyDiT, diffusion_model: Any, offsets: Dict[str, int],
