@@ -3,7 +3,8 @@
 #
 #   bash tools/gpu_suite.sh [OUT_DIR] [BENCH ARGS...]        (default OUT_DIR: ${OUT:-bench_out}/gpu)
 #   TOME_GPU_PART=dit bash tools/gpu_suite.sh [OUT_DIR]      the transformer part instead (kv against merge): Flux 1024²,
-#       Qwen-Image 1328², Wan 832x480x33, bf16, --blocks 2, vanilla, kv at 0.5/0.75 and merge at 0.25/0.5/0.75
+#       Qwen-Image 1328², Z-Image 1024², Wan 832x480x33, LTX-2 768x512x33, bf16, --blocks 2, vanilla, kv at 0.5/0.75
+#       and merge at 0.25/0.5/0.75 (add `--frames 121` for LTX-2 at the issue's length)
 #
 # That machine needs torch (CUDA build), transformers, accelerate, safetensors and numpy; diffusers and
 # tomesd travel as wheels: on a machine with internet, from the repository root,
@@ -30,7 +31,7 @@ export PYTHONUNBUFFERED=1 KINETO_LOG_LEVEL=99
 "$python" -c "import torch, diffusers, tomesd; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'diffusers', diffusers.__version__, 'tomesd', getattr(tomesd, '__version__', '?'))" >> "$out/gpu.txt" 2>&1
 if [ "${TOME_GPU_PART:-unet}" = dit ]; then
-  suite=(--families flux,qwen_image,wan --blocks 2 --device cuda --dtype bf16 --repeats 3 --max-repeats 5
+  suite=(--families flux,qwen_image,z_image,wan,ltx2 --blocks 2 --device cuda --dtype bf16 --repeats 3 --max-repeats 5
          --methods vanilla,kv@0.5,kv@0.75,merge@0.25,merge@0.5,merge@0.75)
 else
   suite=(--gpu-suite)
