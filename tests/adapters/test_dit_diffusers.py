@@ -174,7 +174,8 @@ def test_merge_and_avg_are_refused_naming_the_model(family):
     model, inputs, _ = FAMILIES[family]()
     name = type(model).__name__
     if family not in ("flux", "wan"):
-        with pytest.raises(ValueError, match=f"reaches flux, flux2, qwen_image, lumina2, z_image, wan, ltx2 so far; {name} "
+        with pytest.raises(ValueError, match=f"reaches flux, flux2, qwen_image, lumina2, z_image, wan, wan_vace, "
+                                             f"wan_animate, ltx2 so far; {name} "
                                              "is not among them.*kv'"):
             apply_patch(model, ratio=0.5, mode="merge")
     with pytest.raises(ValueError, match=f"not supported on {name}.*RoPE.*kv_downsample='nearest'"):

@@ -232,7 +232,8 @@ def test_families_without_merge_are_refused_naming_them():
 
     model, _, _ = sd3()
     with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, flux2, qwen_image, lumina2, "
-                                         "z_image, wan, ltx2 so far; SD3Transformer2DModel is not among them.*"
+                                         "z_image, wan, wan_vace, wan_animate, ltx2 so far; SD3Transformer2DModel is "
+                                         "not among them.*"
                                          "mode='kv'"):
         apply_patch(model, ratio=0.5, mode="merge")
     assert not is_patched(model)
@@ -331,3 +332,31 @@ def test_ltx2_token_pair_masks_leave_the_blocks_whole_with_a_warning(caplog):
     with caplog.at_level("WARNING"):
         assert torch.equal(run(model, inputs), expected)
     assert "called with self_attention_mask" in caplog.text and "runs whole" in caplog.text
+
+
+@pytest.mark.parametrize("variant", ["wan_vace", "wan_animate"])
+def test_wan_vace_and_animate(variant):
+    """Wan VACE: its main blocks merge, its vace_blocks (the control video, taken apart) run whole, their hints land on
+    the restored stream; Wan Animate: the reference frame before the grid reaches the first block as vanilla's.
+    Ratio 0 and removal are bit-identical."""
+    import test_dit_families
+
+    model, inputs, where = getattr(test_dit_families, variant)(batch=2)
+    state = check_identity_at_ratio_zero_and_after_removal(model, inputs, run, apply_patch, remove_patch, is_patched,
+                                                           STATE_ATTR, mode="merge")
+    assert [name for name, _ in state.blocks] == [f"blocks.{i}" for i in range(len(model.blocks))]
+    seen = []
+
+    def spy(module, args, kwargs):  # registered after ToMe's hook when patched: what the block itself receives
+        seen.append(inspect.signature(module.forward).bind(*args, **kwargs).arguments["hidden_states"].clone())
+
+    handle = model.blocks[0].register_forward_pre_hook(spy, with_kwargs=True)
+    run(model, inputs)
+    handle.remove()
+    apply_patch(model, ratio=0.5, mode="merge")
+    model.blocks[0].register_forward_pre_hook(spy, with_kwargs=True)
+    run(model, inputs)
+    grid, prefix = int(torch.tensor(where["grid"]).prod()), where["prefix"]
+    full, cut = seen
+    assert cut.shape[1] == full.shape[1] - int(0.5 * grid)
+    assert torch.equal(cut[:, :prefix], full[:, :prefix])

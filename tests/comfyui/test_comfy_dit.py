@@ -235,11 +235,11 @@ def test_sd35_image_only_attention_keeps_the_joint_attentions_grid_picks(comfy):
 
 
 def test_refuses_pixart_and_merge_naming_the_model(comfy):
-    """Mode merge reaches Flux, Qwen-Image, Lumina 2 / Z-Image and Wan (test_comfy_dit_merge); other families refuse it
-    naming the model."""
+    """Mode merge reaches Flux, Qwen-Image, Lumina 2 / Z-Image, Wan and LTX-2 (test_comfy_dit_merge); other families
+    refuse it naming the model."""
     patcher, *_ = sd3(comfy)
-    with pytest.raises(ValueError, match="reaches flux, qwen_image, lumina2, wan, ltx2 so far; "
-                                         "OpenAISignatureMMDITWrapper is not among them.*use mode='kv'"):
+    with pytest.raises(ValueError, match="reaches flux, qwen_image, lumina2, wan, wan_animate, wan_s2v, wan_scail, ltx2 "
+                                         "so far; OpenAISignatureMMDITWrapper is not among them.*use mode='kv'"):
         patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5))
     pixart = _patcher(comfy, comfy.supported_models.PixArtAlpha, dict(
         image_model="pixart_alpha", input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=1, num_heads=2,

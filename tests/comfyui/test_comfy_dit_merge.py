@@ -164,8 +164,8 @@ def test_families_without_merge_are_refused(comfy):
     from test_comfy_dit import sd3
 
     patcher, _, _, _ = sd3(comfy)
-    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image, lumina2, wan, ltx2 "
-                                         "so far; OpenAISignatureMMDITWrapper is not among them.*mode='kv'"):
+    with pytest.raises(ValueError, match="mode='merge' on transformers .*reaches flux, qwen_image, lumina2, wan, "
+                                         "wan_animate, wan_s2v, wan_scail, ltx2 so far; OpenAISignatureMMDITWrapper is not among them.*mode='kv'"):
         plan_patch(patcher, merge(0.5))
 
 
@@ -353,3 +353,45 @@ def test_ltx2_video_merged_audio_whole_and_video_inputs_follow(comfy):
             if rows.shape[1] == grid:  # one row per token (a single row per sample passes as it is)
                 assert torch.equal(_rows(cut[key]), rows[:, kept])
     assert torch.equal(merged[0]["audio"], vanilla[0]["audio"])
+
+
+WAN_VARIANTS = ("wan_vace", "wan_phantom", "wan_animate", "wan_s2v", "wan_scail", "wan_dancer")
+
+
+@pytest.mark.parametrize("variant", WAN_VARIANTS)
+def test_wan_variants_merge_the_video_and_keep_their_other_tokens_whole(comfy, variant):
+    """Wan VACE (its vace_blocks run whole over the control video; their hints land on the restored stream), Phantom
+    (subject frames after the video), Animate (the reference frame before it), S2V, SCAIL and WanDancer: ratio 0 is
+    bit-identical; at 0.5 every main block gets int(r * grid) fewer tokens, the tokens before and after the grid
+    reach the first block as vanilla's, and the output changes boundedly."""
+    import test_comfy_families
+
+    patcher, latent, cond, where, _ = getattr(test_comfy_families, variant)(comfy)
+    expected = sample(comfy, patcher, latent, cond, steps=1)
+    assert torch.equal(sample(comfy, patch_dit_model_patcher(patcher, merge(0.0)), latent, cond, steps=1), expected)
+    blocks = [("double_block", 0), ("double_block", 1)]
+    vanilla_base, merged_base = patcher.clone(), patcher.clone()
+    vanilla, merged = record_blocks(vanilla_base, blocks), record_blocks(merged_base, blocks)
+    sample(comfy, vanilla_base, latent, cond, steps=1)
+    on = patch_dit_model_patcher(merged_base, merge(0.5))
+    changed = sample(comfy, on, latent, cond, steps=1)
+    rel = ((changed - expected).norm() / expected.norm()).item()
+    assert torch.isfinite(changed).all() and 0 < rel < 1.0, rel
+    prefix, grid = where["prefix"], where["grid"]
+    assert len(merged) == len(vanilla) == 2
+    for (_, full), (_, cut) in zip(vanilla, merged):
+        assert cut["img"].shape[1] == full["img"].shape[1] - int(0.5 * grid)
+    full, cut = vanilla[0][1]["img"], merged[0][1]["img"]
+    after = full.shape[1] - prefix - grid
+    assert torch.equal(cut[:, :prefix], full[:, :prefix])
+    assert torch.equal(cut[:, cut.shape[1] - after:], full[:, full.shape[1] - after:])
+
+
+def test_wan_humo_refuses_merge_naming_it(comfy):
+    """HuMo's audio cross-attention, inside each block, reshapes the video tokens by frame: merge is refused there,
+    naming the class and mode kv."""
+    import test_comfy_families
+
+    patcher = test_comfy_families.wan_humo(comfy)[0]
+    with pytest.raises(ValueError, match="HumoWanModel is not among them.*mode='kv'"):
+        patch_dit_model_patcher(patcher, merge(0.5))

@@ -254,6 +254,14 @@ def wan_phantom(comfy):
         dict(prefix=0, grid=45, suffix=30), 2
 
 
+def wan_vace(comfy):
+    """Wan VACE: one vace block (over the control video, the default zero frames and full mask) before main block 0,
+    its hint added to the video after it."""
+    patcher = _patcher(comfy, comfy.supported_models.WAN21_Vace, dict(_WAN, model_type="vace", vace_layers=1,
+                                                                       vace_in_dim=96))
+    return patcher, torch.zeros(1, 16, 3, 6, 10), _cond(7, 32), dict(prefix=0, grid=45, suffix=0), 2
+
+
 def wan_humo(comfy):
     """HuMo: its reference latent (one frame, 3 x 5 tokens) follows the video in the self-attention."""
     _require("comfy.ldm.wan.model", "HumoWanModel")

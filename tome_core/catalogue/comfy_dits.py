@@ -62,7 +62,8 @@ class ComfyMerge:
         copy sharing its weights, whose call goes through the same patch (args "img" [caption, image], "pe", "vec").
     img_item: "img" is a tuple of streams and this one is merged (LTX-2: (video, audio)); pe_keys: the rotary tables
         cut (a tensor, or the tensors of a tuple); whole_with: args that, when given, leave the block whole with a
-        warning (token-pair attention masks).
+        warning (token-pair attention masks). lists: the block lists merged (empty: every one; Wan VACE's
+        vace_blocks run whole).
     """
 
     joint: Tuple[str, ...] = ()
@@ -74,6 +75,7 @@ class ComfyMerge:
     img_item: Optional[int] = None
     pe_keys: Tuple[str, ...] = ("pe",)
     whole_with: Tuple[str, ...] = ()
+    lists: Tuple[str, ...] = ()
 
     def key(self, reported: str) -> str:
         return dict(self.replace).get(reported, f"{reported}_block")

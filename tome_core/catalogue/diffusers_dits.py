@@ -103,7 +103,8 @@ class MergeInputs:
     ``text`` puts it (Flux.2's single blocks: [text, image]; Z-Image's layers: [image, caption]), returning
     ``joint_output`` (None: the tensor itself). ``rope_keys``: the inputs ``rope`` cuts (LTX-2: its video self- and
     cross-attention tables). ``whole_with``: inputs that, when given, leave the block whole with a warning (LTX-2's
-    token-by-token attention masks, which have no merged counterpart).
+    token-by-token attention masks, which have no merged counterpart). ``lists``: the block lists merged (empty: every
+    one of the range; Wan VACE's vace_blocks, which take the control video apart, run whole).
     """
 
     rope: Optional[Callable[[Any, TokenMerge, int], Any]]
@@ -114,6 +115,7 @@ class MergeInputs:
     hidden: str = "hidden_states"
     rope_keys: Tuple[str, ...] = ("image_rotary_emb", "rotary_emb")
     whole_with: Tuple[str, ...] = ()
+    lists: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

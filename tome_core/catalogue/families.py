@@ -23,6 +23,10 @@ from .diffusers_dits import (FLUX_BLOCKS, TRANSFORMERS, BlockList, DiffusersDiT,
                              rope_image_then_text, rope_over_text_and_image, rope_over_video, rope_over_video_heads)
 from .diffusers_dits import DOUBLE_SINGLE as DIFFUSERS_DOUBLE_SINGLE
 
+# Mode merge on Wan's blocks: their "double_block" replace patches (the blocks report no type), the video's rotary
+# table on axis 1, Wan 2.2 ti2v's per-token timestep; VACE's vace_blocks run whole (called without replace patches;
+# their hints are added to the full stream after a merged block).
+WAN_MERGE = ComfyMerge(pe_axis=1, per_token=("vec",), replace=(("blocks", "double_block"),), lists=("blocks",))
 UNET_FAMILIES = ("SD1.x", "SD2.x", "SDXL (and SSD-1B, Playground v2, ...)")
 
 
@@ -160,7 +164,7 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
     ),
     ModelFamily(
         'wan', 'Wan 2.x (t2v, i2v, flf2v, ti2v, Fun, Phantom, VACE, Animate, HuMo, S2V, SCAIL, WanDancer)',
-        # mode merge by default where its classes take it (WanTransformer3DModel, ComfyUI's WanModel): at r=0.5 on
+        # mode merge by default where its classes take it (all but ComfyUI's HumoWanModel): at r=0.5 on
         # the CPU 2.01x at cfg err peaked 0.059 against kv's 1.19x at 0.035 (0.058 against 0.18 per unit of speed-up)
         grid_dims=3, native_px=(832, 480), default_mode="merge",
         diffusers=(
@@ -171,12 +175,14 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
             DiffusersDiT("wan_vace", (TRANSFORMERS + "transformer_wan_vace.WanVACETransformer3DModel",), "separate",
                          (BlockList("vace_blocks", (("attn1", "image"),)), BlockList("blocks", (("attn1",
                          "image"),))),
-                         readers.wan_tokens, Timestep(1, "timestep", 1000.0)),
+                         readers.wan_tokens, Timestep(1, "timestep", 1000.0),
+                         merge=MergeInputs(rope_over_video, per_token=("temb",), output=None, lists=("blocks",))),
             DiffusersDiT("wan_animate", (TRANSFORMERS + "transformer_wan_animate.WanAnimateTransformer3DModel",),
                          "separate",
                          (BlockList("blocks", (("attn1", "joint"),)),), readers.wan_animate_tokens,
                           # joint: [reference frame, grid]
-                         Timestep(1, "timestep", 1000.0)),
+                         Timestep(1, "timestep", 1000.0),
+                         merge=MergeInputs(rope_over_video, per_token=("temb",), output=None)),
         ),
         comfy=(
             # Wan: VACE runs its vace_blocks between the main ones (reporting the main block's index), so its depth
@@ -187,30 +193,31 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
             ComfyDiT("wan", ("comfy.ldm.wan.model.WanModel", "comfy.ldm.wan.model.VaceWanModel",
                                 "comfy.ldm.wan.model.CameraWanModel", "comfy.ldm.wan.model_wandancer.WanDancerModel"),
                      "separate", (ComfyBlocks("blocks", "blocks"), ComfyBlocks("vace_blocks", "vace")),
-                     appended=WAN_APPENDED, **WAN_HOST,
-                     merge=ComfyMerge(pe_axis=1, per_token=("vec",), replace=(("blocks", "double_block"),),
-                                      classes=("comfy.ldm.wan.model.WanModel",))),
+                     appended=WAN_APPENDED, **WAN_HOST, merge=WAN_MERGE),
             # HuMo: its reference latent's frames follow the video in the sequence; the audio cross-attention keeps
-            # all.
+            # all. No mode merge: that audio attention, inside each block, reshapes the video tokens by frame.
             ComfyDiT("wan_humo", ("comfy.ldm.wan.model.HumoWanModel",), "separate", (ComfyBlocks("blocks",
                      "blocks"),),
                      appended=(TIME_CONCAT, Appended("reference_latent", padded=False)), **WAN_HOST),
             # Wan 2.2 Animate: the latent's first frame is the reference (character) image; the face adapter's
             # attention is not reduced.
             ComfyDiT("wan_animate", ("comfy.ldm.wan.model_animate.AnimateWanModel",), "separate",
-                     (ComfyBlocks("blocks", "blocks"),), appended=WAN_APPENDED, reference_frames=1, **WAN_HOST),
+                     (ComfyBlocks("blocks", "blocks"),), appended=WAN_APPENDED, reference_frames=1, **WAN_HOST,
+                     merge=WAN_MERGE),
             # Wan 2.2 S2V (2026-08: its blocks get transformer_options and report themselves): the video grid, then
             # its reference image's and packed motion frames' tokens, kept whole whatever their number; its audio
             # injector's attention is called without transformer_options.
             ComfyDiT("wan_s2v", ("comfy.ldm.wan.model.WanModel_S2V",), "separate", (ComfyBlocks("blocks", "double"),),
                      reports_blocks=True, appended=(TIME_CONCAT,), **WAN_HOST,
-                     blocks_reached_by=("forward_orig", "transformer_options=transformer_options")),
+                     blocks_reached_by=("forward_orig", "transformer_options=transformer_options"),
+                     merge=ComfyMerge(pe_axis=1, per_token=("vec",))),
             # SCAIL / SCAIL-2 (2026-08): reference frames concatenated before the video in time (inside the reported
             # grid), pose tokens after the grid (kept whole); blocks reported.
             ComfyDiT("wan_scail", ("comfy.ldm.wan.model.SCAILWanModel", "comfy.ldm.wan.model.SCAIL2WanModel"),
                      "separate",
                      (ComfyBlocks("blocks", "double"),), reports_blocks=True,
-                     appended=(TIME_CONCAT, Appended("reference_latent", place="before", in_time=True)), **WAN_HOST),
+                     appended=(TIME_CONCAT, Appended("reference_latent", place="before", in_time=True)), **WAN_HOST,
+                     merge=ComfyMerge(pe_axis=1, per_token=("vec",))),
         ),
     ),
     ModelFamily(

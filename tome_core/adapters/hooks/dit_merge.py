@@ -185,7 +185,9 @@ def block_names(model: torch.nn.Module, modules: List[Tuple[str, torch.nn.Module
 def install(model: torch.nn.Module, config: ToMeConfig,
             modules: List[Tuple[str, torch.nn.Module, str]]) -> DiTMergeState:
     """Hook the blocks holding ``modules`` (the block range's attentions) of ``model``."""
-    blocks = [(name, model.get_submodule(name)) for name in block_names(model, modules)]
+    lists = family_of(model).merge.lists
+    blocks = [(name, model.get_submodule(name)) for name in block_names(model, modules)
+              if not lists or name.split(".", 1)[0] in lists]
     if config.enabled:
         refuse_caches(blocks)
     state = DiTMergeState(model, config, blocks)

@@ -220,6 +220,8 @@ def merge_blocks(family: ComfyDiT, diffusion_model: Any, offsets: Dict[str, int]
     model = base_model(diffusion_model)
     found = []
     for blocks in family.blocks:
+        if family.merge.lists and blocks.attr not in family.merge.lists:
+            continue  # VACE's vace_blocks: called without replace patches (and over the control video)
         for i in range(len(getattr(model, blocks.attr, None) or ())):
             depth = offsets.get(blocks.reported, 0) + i
             if chosen is None or (depth < len(chosen) and chosen[depth]):
