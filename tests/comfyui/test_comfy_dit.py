@@ -398,21 +398,29 @@ def test_flux_reference_latent_tokens_after_the_grid_are_kept_whole(comfy):
         assert torch.equal(kept.narrow(seq, m - refs, refs), full.narrow(seq, n - refs, refs))
 
 
+@pytest.mark.parametrize("family,mode,full", [("wan", "kv", 45), ("wan", "merge", 45), ("z_image", "merge", 64)])
 @pytest.mark.parametrize("order", ["tome_first", "easycache_first"])
-def test_composes_with_easycache_in_either_order(comfy, caplog, order):
+def test_composes_with_easycache_in_either_order(comfy, caplog, order, family, mode, full):
     """ComfyUI's EasyCache (OUTER_SAMPLE / CALC_COND_BATCH / DIFFUSION_MODEL wrappers, skipping whole model
-    calls) and ToMe's APPLY_MODEL wrapper: the same image in either node order, EasyCache's own image at
-    ratio 0, and with ratio 0.5 both act: steps skipped and attention calls reduced."""
+    calls) and ToMe's APPLY_MODEL wrapper (mode merge: with its block replace patches, or NextDiT's object patches):
+    the same image in either node order, EasyCache's own image at ratio 0, and with ratio 0.5 both act: steps skipped
+    and attention calls shorter than the ``full`` self-attention (Wan's 45-token video, Z-Image's 64-token
+    [caption, image])."""
     from comfy_extras.nodes_easycache import EasyCacheNode
 
-    patcher, latent, cond, _ = wan(comfy)
+    if family == "wan":
+        patcher, latent, cond, _ = wan(comfy)
+    else:
+        import test_comfy_families
+
+        patcher, latent, cond, _, _ = test_comfy_families.z_image(comfy)
 
     def easycache(model):
         return EasyCacheNode.execute(model, reuse_threshold=3.0, start_percent=0.0, end_percent=1.0,
                                      verbose=False).result[0]
 
     def tome(model, ratio):
-        return patch_dit_model_patcher(model, ToMeConfig(ratio=ratio, mode="kv"))
+        return patch_dit_model_patcher(model, ToMeConfig(ratio=ratio, mode=mode))
 
     def run(model):
         caplog.clear()
@@ -431,7 +439,7 @@ def test_composes_with_easycache_in_either_order(comfy, caplog, order):
     spy = spy_on(both)
     image, both_skips = run(both)
     assert both_skips > 0 and torch.isfinite(image).all() and not torch.equal(image, cached_only)
-    assert any(call[1].shape[1] < 45 for call in spy)  # self-attention keys of the 45-token video grid, reduced
+    assert any(call[1].shape[1 if not call[3] else 2] < full for call in spy)  # the self-attention, reduced
     other = (lambda r: tome(easycache(patcher), r)) if order == "tome_first" else (lambda r: easycache(tome(patcher, r)))
     assert torch.equal(run(other(0.5))[0], image)
 
