@@ -234,36 +234,24 @@ def test_flux_compile_then_tome(comfy, compile_node, tome_nodes):
     assert calls == [ONE_GRAPH] * 3, (calls, break_report())
 
 
-def test_flux_merge_then_compile_matches_eager(comfy, compile_node, tome_nodes):
-    """A DiT in mode merge: the block replace patches run inside the compiled module (the matching at the first
-    reduced block, the merge and unmerge at each); compiled equals eager, and reports its graphs."""
-    patcher, latent, cond = flux(comfy)
-    patched = tome(tome_nodes, patcher, "merge")
-    eager = sample_flux(comfy, patched, latent, cond)
-    compiled, calls = counted(compile_node(patched))
-    result = sample_flux(comfy, compiled, latent, cond)
-    print(f"flux merge: (graphs, frames, breaks) per call {calls}; {break_report()}")
-    assert rel(result, eager) < TOLERANCE
-    assert rel(result, sample_flux(comfy, patcher, latent, cond)) > 1e-3
-    assert calls[-1] == calls[-2], (calls, break_report())  # no recompiling from step to step
-
-
-def test_z_image_merge_then_compile_matches_eager(comfy, compile_node, tome_nodes):
-    """Z-Image (NextDiT) in mode merge: its layers are object patches (copies sharing the weights); TorchCompileModel
-    compiles the model with them in place; compiled equals eager and does not recompile from step to step."""
+def z_image(comfy):
     import test_comfy_families
 
     patcher, latent, cond, _, _ = test_comfy_families.z_image(comfy)
-    patcher = with_sdpa(comfy, patcher)
-    vanilla, vanilla_calls = counted(compile_node(patcher))
-    sample_flux(comfy, vanilla, latent, cond)
-    print(f"z_image vanilla: (graphs, frames, breaks) per call {vanilla_calls}")
-    counters.clear()
+    return with_sdpa(comfy, patcher), latent, cond
+
+
+@pytest.mark.parametrize("family", ["flux", "z_image"])
+def test_dit_merge_then_compile_matches_eager(comfy, compile_node, tome_nodes, family):
+    """A DiT in mode merge: Flux's block replace patches, or Z-Image's object-patched layers (copies sharing the
+    weights), run inside the compiled module (the matching at the first reduced block, the merge and unmerge at each);
+    compiled equals eager, reports its graphs, and does not recompile from step to step."""
+    patcher, latent, cond = {"flux": flux, "z_image": z_image}[family](comfy)
     patched = tome(tome_nodes, patcher, "merge")
     eager = sample_flux(comfy, patched, latent, cond)
     compiled, calls = counted(compile_node(patched))
     result = sample_flux(comfy, compiled, latent, cond)
-    print(f"z_image merge: (graphs, frames, breaks) per call {calls}; {break_report()}")
+    print(f"{family} merge: (graphs, frames, breaks) per call {calls}; {break_report()}")
     assert rel(result, eager) < TOLERANCE
     assert rel(result, sample_flux(comfy, patcher, latent, cond)) > 1e-3
-    assert calls[-1] == calls[-2], (calls, break_report())
+    assert calls[-1] == calls[-2], (calls, break_report())  # no recompiling from step to step
