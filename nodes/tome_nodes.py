@@ -23,7 +23,8 @@ CATEGORY = "model_patches/unet"
 MAX_SEED = 0xFFFFFFFF
 
 MODEL_INPUT = ("MODEL", {"tooltip": "The model to speed up: a UNet (SD1.x, SD2.x, SDXL), or a DiT (Flux, Qwen-Image, "
-                                    "Z-Image, Wan, LTX-2 and the other families of the README's list) in mode kv (mode merge: Flux, Qwen-Image, Wan). "
+                                    "Z-Image, Wan, LTX-2 and the other families of the README's list) in mode kv "
+                                    "(mode merge: Flux, Qwen-Image, Z-Image, Wan, LTX-2). "
                                     "It is not changed: the node returns a patched copy."})
 RATIO = ("FLOAT", {
     "default": 0.5, "min": 0.0, "max": 0.75, "step": 0.01,
@@ -152,9 +153,9 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     """The patched clone and the info the frontend extension draws; shared by the V1 and V3 nodes.
 
     DiTs (the catalogue's families: Flux, Qwen-Image, Wan, LTX-2, ...) route to the DiT patch: the basic node, which has
-    no mode input, uses the family's default there (kv; merge on Qwen-Image: the lowest error per unit of speed-up
-    measured, README "Mode merge on transformers"); the advanced node's mode is honoured:
-    "merge" on the families that have it (Flux, Qwen-Image, Wan), refused on the others with the engine's message naming
+    no mode input, uses the family's default there (kv; merge on Qwen-Image, Z-Image, Wan and LTX-2: the lowest error
+    per unit of speed-up measured, README "Mode merge on transformers"); the advanced node's mode is honoured:
+    "merge" on the families that have it (Flux, Qwen-Image, Z-Image, Wan, LTX-2), refused on the others with the engine's message naming
     the model and the fix. max_downsample does not apply to DiTs.
     node_id: the node's id, to which the speed check's verdicts are sent when sampling decides them.
     """
