@@ -400,13 +400,18 @@ def test_flux_reference_latent_tokens_after_the_grid_are_kept_whole(comfy):
 
 @pytest.mark.parametrize("family,mode,full", [("wan", "kv", 45), ("wan", "merge", 45), ("z_image", "merge", 64)])
 @pytest.mark.parametrize("order", ["tome_first", "easycache_first"])
-def test_composes_with_easycache_in_either_order(comfy, caplog, order, family, mode, full):
-    """ComfyUI's EasyCache (OUTER_SAMPLE / CALC_COND_BATCH / DIFFUSION_MODEL wrappers, skipping whole model
-    calls) and ToMe's APPLY_MODEL wrapper (mode merge: with its block replace patches, or NextDiT's object patches):
-    the same image in either node order, EasyCache's own image at ratio 0, and with ratio 0.5 both act: steps skipped
-    and attention calls shorter than the ``full`` self-attention (Wan's 45-token video, Z-Image's 64-token
-    [caption, image])."""
-    from comfy_extras.nodes_easycache import EasyCacheNode
+@pytest.mark.parametrize("cache", ["EasyCache", "LazyCache"])
+def test_composes_with_easycache_in_either_order(comfy, caplog, order, family, mode, full, cache):
+    """ComfyUI's EasyCache and LazyCache (OUTER_SAMPLE / CALC_COND_BATCH / DIFFUSION_MODEL wrappers, skipping whole
+    model calls) and ToMe's APPLY_MODEL wrapper (mode merge: with its block replace patches, or NextDiT's object
+    patches): the same image in either node order, the cache's own image at ratio 0, and with ratio 0.5 both act:
+    steps skipped and attention calls shorter than the ``full`` self-attention (Wan's 45-token video, Z-Image's
+    64-token [caption, image])."""
+    import comfy_extras.nodes_easycache as nodes_easycache
+
+    cache_node = getattr(nodes_easycache, f"{cache}Node", None)
+    if cache_node is None:
+        pytest.skip(f"this ComfyUI has no {cache}")
 
     if family == "wan":
         patcher, latent, cond, _ = wan(comfy)
@@ -416,8 +421,8 @@ def test_composes_with_easycache_in_either_order(comfy, caplog, order, family, m
         patcher, latent, cond, _, _ = test_comfy_families.z_image(comfy)
 
     def easycache(model):
-        return EasyCacheNode.execute(model, reuse_threshold=3.0, start_percent=0.0, end_percent=1.0,
-                                     verbose=False).result[0]
+        return cache_node.execute(model, reuse_threshold=3.0, start_percent=0.0, end_percent=1.0,
+                                  verbose=False).result[0]
 
     def tome(model, ratio):
         return patch_dit_model_patcher(model, ToMeConfig(ratio=ratio, mode=mode))
@@ -426,8 +431,8 @@ def test_composes_with_easycache_in_either_order(comfy, caplog, order, family, m
         caplog.clear()
         with caplog.at_level("INFO"):
             image = sample(comfy, model, latent, cond, steps=6)
-        skipped = [r.getMessage() for r in caplog.records if "EasyCache - skipped" in r.getMessage()]
-        assert skipped, "EasyCache did not run"
+        skipped = [r.getMessage() for r in caplog.records if f"{cache} - skipped" in r.getMessage()]
+        assert skipped, f"{cache} did not run"
         return image, int(skipped[-1].split("skipped ")[1].split("/")[0])
 
     cached_only, skips = run(easycache(patcher))
