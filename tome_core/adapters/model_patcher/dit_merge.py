@@ -42,7 +42,7 @@ class _MergeCall:
         self.zero_refs = zero_refs  # reference tokens get their own (zero) timestep's modulation, by position
         self.match: Optional[GridMatch] = None
         self.merges: Dict[TokenLayout, TokenMerge] = {}
-        self.pe: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self.pe: Dict[Any, Tuple[Any, Any]] = {}  # the cut rotary tables and per-token inputs, by input (and stream)
         self.reached = False
 
     def merge_on(self, layout: TokenLayout) -> TokenMerge:
@@ -182,9 +182,10 @@ class DiTMergePatch(KVPatchState):
             value = args.get(key)
             if value is None:
                 continue
-            if id(value) not in call.pe:
-                call.pe[id(value)] = (value, _cut_per_token(value, merge))
-            out[key] = call.pe[id(value)][1]
+            cut = (id(value), merge.length)  # one cut per input and stream per call
+            if cut not in call.pe:
+                call.pe[cut] = (value, _cut_per_token(value, merge))
+            out[key] = call.pe[cut][1]
         if not torch.compiler.is_compiling():
             self.reduced_calls += 1
         return out
