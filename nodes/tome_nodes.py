@@ -54,8 +54,9 @@ ADVANCED_INPUTS = {
                                "merge: tomesd's method, self-attention runs on merged tokens and the result is "
                                "copied back. kv: every token keeps its own query, only keys/values are downsampled "
                                "to one token per window (gentler on detail; the window is the one closest to ratio: 0.5 -> 1x2, 0.75 -> 2x2, 0.88 with sx=sy=3 -> 3x3). "
-                               "On Flux, Qwen-Image, Z-Image, Wan and LTX-2, merge carries fewer image tokens through whole blocks (more "
-                               "speed, more error than kv; other transformers take kv only)."}),
+                               "On Flux, Qwen-Image, Z-Image, Wan and LTX-2, merge carries fewer image tokens "
+                               "through whole blocks (more speed, more error than kv; other transformers take kv "
+                               "only)."}),
     "merge_crossattn": ("BOOLEAN", {"default": False, "tooltip":
                                     "Also merge the image tokens entering cross-attention (mode merge only). "
                                     "Little extra speed, visible quality cost; off is recommended."}),
@@ -155,8 +156,8 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     DiTs (the catalogue's families: Flux, Qwen-Image, Wan, LTX-2, ...) route to the DiT patch: the basic node, which has
     no mode input, uses the family's default there (kv; merge on Qwen-Image, Z-Image, Wan and LTX-2: the lowest error
     per unit of speed-up measured, README "Mode merge on transformers"); the advanced node's mode is honoured:
-    "merge" on the families that have it (Flux, Qwen-Image, Z-Image, Wan, LTX-2), refused on the others with the engine's message naming
-    the model and the fix. max_downsample does not apply to DiTs.
+    "merge" on the families that have it (Flux, Qwen-Image, Z-Image, Wan, LTX-2), refused on the others with the
+    engine's message naming the model and the fix. max_downsample does not apply to DiTs.
     node_id: the node's id, to which the speed check's verdicts are sent when sampling decides them.
     """
     values = dict(COMFY_DEFAULTS, **values)

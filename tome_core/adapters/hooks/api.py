@@ -44,8 +44,9 @@ def apply_patch(
     ``max_downsample`` counts from the model's first attention level, so SDXL is merged too.
     DiTs (the catalogue, tome_core.catalogue.families: Flux.1/.2, Chroma, Qwen-Image, SD3/3.5, Wan, HunyuanVideo,
     Lumina 2, Z-Image, LTX-Video, LTX-2) take mode "kv", and Flux.1/.2, Qwen-Image, Z-Image, Lumina 2, Wan and
-    LTX-2 mode "merge" too (fewer image tokens through whole blocks; ``tome_core.engine.token_merge``). mode None: "merge" on
-    UNets (tomesd's), the family's default on DiTs (kv; merge on Qwen-Image, Z-Image / Lumina 2, Wan, LTX-2).
+    LTX-2 mode "merge" too (fewer image tokens through whole blocks; ``tome_core.engine.token_merge``). mode None:
+    "merge" on UNets (tomesd's), the family's default on DiTs (kv; merge on Qwen-Image, Z-Image / Lumina 2, Wan,
+    LTX-2).
     block_start/block_end pick the share of their blocks, in depth order, that is reduced (block_start None: the
     model's default, on Flux its single blocks); UNets refuse a range (max_downsample picks their levels).
     matching "level" (mode merge) matches each level once per model call instead of once per block.

@@ -7,7 +7,7 @@ layout None: such a call is left whole, never reduced on a guess.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -87,17 +87,20 @@ def _padding(count: int, multiple: Optional[int]) -> int:
     return (-count) % multiple if multiple else 0
 
 
+def _unplaceable(entry: Any, extra: Dict[str, Any]) -> List[str]:
+    """The call's keywords that add tokens the family's entry cannot place (``unknown_with``)."""
+    return [key for key in (entry.unknown_with if entry is not None else ()) if extra.get(key) is not None]
+
+
 def refuse_unplaceable(diffusion_model: Any, extra: Dict[str, Any]) -> None:
-    """A call carrying tokens the catalogue cannot place (``unknown_with``: Z-Image Omni's reference latents and SigLIP
-    features) stops the prompt, naming them: left whole, the image would come without ToMe while the node says
+    """A call carrying tokens the catalogue cannot place (``unknown_with``, e.g. Z-Image Omni's reference latents and
+    SigLIP features) stops the prompt, naming them: left whole, the image would come without ToMe while the node says
     otherwise."""
-    entry = family_of(diffusion_model)
-    keys = [key for key in (entry.unknown_with if entry is not None else ()) if extra.get(key) is not None]
+    keys = _unplaceable(family_of(diffusion_model), extra)
     if keys:
         cls = type(base_model(diffusion_model))
-        raise ValueError(f"ToMe: this {cls.__qualname__} call carries {' and '.join(keys)} (Z-Image Omni / edit "
-                         "conditioning), whose tokens ToMe cannot place yet: remove the ToMe node for this model, or "
-                         "sample without those inputs.")
+        raise ValueError(f"ToMe: this {cls.__qualname__} call carries {' and '.join(keys)}, whose tokens ToMe cannot "
+                         "place yet: remove the ToMe node for this model, or sample without those inputs.")
 
 
 def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tensor],
@@ -109,7 +112,7 @@ def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.
     HunyuanVideo puts reference-latent tokens (``ref_latent``) before its grid: they become the prefix.
     """
     entry, extra = family_of(diffusion_model), extra or {}
-    if entry is not None and any(extra.get(key) is not None for key in entry.unknown_with):
+    if _unplaceable(entry, extra):
         return None
     if entry is not None and entry.streams:
         shapes = extra.get(entry.streams)
