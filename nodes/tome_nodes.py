@@ -12,19 +12,23 @@ try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
     from ..tome_core.adapters.model_patcher.plan import default_mode, plan_patch
     from ..tome_core.adapters.model_patcher.unet import merger_of
+    from ..tome_core.catalogue.families import UNET_FAMILIES, default_modes, merging, mode_summary, short_title
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
     from tome_core.adapters.model_patcher.plan import default_mode, plan_patch
     from tome_core.adapters.model_patcher.unet import merger_of
+    from tome_core.catalogue.families import UNET_FAMILIES, default_modes, merging, mode_summary, short_title
 from .ui_messages import announce_levels
 
 CATEGORY = "model_patches/unet"
 MAX_SEED = 0xFFFFFFFF
 
-MODEL_INPUT = ("MODEL", {"tooltip": "The model to speed up: a UNet (SD1.x, SD2.x, SDXL), or a DiT (Flux, Qwen-Image, "
-                                    "Z-Image, Wan, LTX-2 and the other families of the README's list) in mode kv "
-                                    "(mode merge: Flux, Qwen-Image, Z-Image, Wan, LTX-2). "
+# The families and their modes are the catalogue's (tome_core/catalogue/families.py), never written here.
+MERGING = ", ".join(short_title(family) for family in merging())
+UNETS = ", ".join(family.split(" (")[0] for family in UNET_FAMILIES)
+MODEL_INPUT = ("MODEL", {"tooltip": f"The model to speed up: a UNet ({UNETS}) or a "
+                                    f"transformer (DiT) of the README's list; {mode_summary()}. "
                                     "It is not changed: the node returns a patched copy."})
 RATIO = ("FLOAT", {
     "default": 0.5, "min": 0.0, "max": 0.75, "step": 0.01,
@@ -54,9 +58,8 @@ ADVANCED_INPUTS = {
                                "merge: tomesd's method, self-attention runs on merged tokens and the result is "
                                "copied back. kv: every token keeps its own query, only keys/values are downsampled "
                                "to one token per window (gentler on detail; the window is the one closest to ratio: 0.5 -> 1x2, 0.75 -> 2x2, 0.88 with sx=sy=3 -> 3x3). "
-                               "On Flux, Qwen-Image, Z-Image, Wan and LTX-2, merge carries fewer image tokens "
-                               "through whole blocks (more speed, more error than kv; other transformers take kv "
-                               "only)."}),
+                               f"On {MERGING}, merge carries fewer image tokens through whole blocks (more "
+                               "speed, more error than kv); other transformers take kv only."}),
     "merge_crossattn": ("BOOLEAN", {"default": False, "tooltip":
                                     "Also merge the image tokens entering cross-attention (mode merge only). "
                                     "Little extra speed, visible quality cost; off is recommended."}),
@@ -154,14 +157,13 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     """The patched clone and the info the frontend extension draws; shared by the V1 and V3 nodes.
 
     DiTs (the catalogue's families: Flux, Qwen-Image, Wan, LTX-2, ...) route to the DiT patch: the basic node, which has
-    no mode input, uses the family's default there (kv; merge on Qwen-Image, Z-Image, Wan and LTX-2: the lowest error
-    per unit of speed-up measured, README "Mode merge on transformers"); the advanced node's mode is honoured:
-    "merge" on the families that have it (Flux, Qwen-Image, Z-Image, Wan, LTX-2), refused on the others with the
-    engine's message naming the model and the fix. max_downsample does not apply to DiTs.
+    no mode input, uses the family's default there (``ModelFamily.default_mode``: the lowest error per unit of
+    speed-up measured, docs/TRANSFORMERS.md); the advanced node's mode is honoured: "merge" on the families whose
+    bindings take it, refused on the others with the engine's message naming the model and the fix. max_downsample does not apply to DiTs.
     node_id: the node's id, to which the speed check's verdicts are sent when sampling decides them.
     """
     values = dict(COMFY_DEFAULTS, **values)
-    if "mode" not in values:  # the basic node: the family's default on a DiT (kv; merge on Qwen-Image)
+    if "mode" not in values:  # the basic node: the family's default on a DiT (the catalogue's default_mode)
         values = dict(values, mode=default_mode(model))
     config = _config(spec, **values)
     plan = plan_patch(model, config)  # validated and described before anything is registered
@@ -177,9 +179,9 @@ class ToMe:
 
     NODE_ID = "TomeCoreToMe"
     DISPLAY_NAME = "ToMe (token merging)"
-    DESCRIPTION = ("Token Merging: speeds up SD1.x/SD2.x/SDXL sampling by merging similar image tokens in "
-                   "self-attention, and transformers (Flux, Qwen-Image, Z-Image, Wan, LTX-2, ...) by keeping fewer image keys/values (mode kv); put it "
-                   "between the model loader and the sampler.")
+    DESCRIPTION = (f"Token Merging: speeds up {UNETS.replace(', ', '/')} sampling by merging similar image tokens "
+                   f"in self-attention, and transformers in their family's default mode ({default_modes()}); put "
+                   "it between the model loader and the sampler.")
     CATEGORY = CATEGORY
     RETURN_TYPES = ("MODEL",)
     OUTPUT_TOOLTIPS = ("A copy of the model with ToMe applied.",)

@@ -4,7 +4,7 @@ Default (about 2-3 minutes on 2 idle CPU cores): full SD1.5 UNet at 512x512, rat
 (CFG halves), bf16; a warm-up round (peak memory, peaked-attention errors, the time estimate),
 then at least 2 timed rounds, interleaved; more rounds (up to 5, within a 170 s budget) while
 the paired per-round ratios cannot tell the methods apart. --full: 512 and 768, 3 to 6 rounds
-(about 15 minutes on 2 cores). --tiny: the CI setting (tiny models of all three families, 64x64,
+(about 15 minutes on 2 cores). --tiny: the CI setting (tiny models of the UNet families, 64x64,
 1 round, seconds). --compile adds torch.compile'd rows. --gpu-suite: the GPU benchmark in one go
 (SD1.5 at 512/1024/2048 and SDXL at 1024/2048 eager and profiled, SD1.5 1024 compiled, fp16).
 --ops counts ATen ops and bytes gathered/scattered per forward. Writes results.json (every
@@ -17,9 +17,10 @@ share of time lost to other work ('lost %': vanilla's slower rounds, CPU waits);
 overlap, methods share places ('2-3 (tied)'), and when other work took a third of the time or
 more, nothing is ranked ('too noisy: machine busy'): rerun on an idle machine.
 
-DiT families (--families flux, sd3, wan, z_image, qwen_image, ltx2, named as in the catalogue;
-zimage and qwen also work; not mixed with UNet families in one run): vanilla vs mode kv (merge and tomesd exist for UNets only), the real architecture at full
-width with --blocks blocks of each kind (full depth does not fit 2 CPU cores; per-block cost and
+DiT families (--families {dit_families}, named as in the catalogue;
+zimage and qwen also work; not mixed with UNet families in one run): methods {dit_methods}
+(from the catalogue: merge where the family's diffusers classes take it; tomesd patches UNets only), the real
+architecture at full width with --blocks blocks of each kind (full depth does not fit 2 CPU cores; per-block cost and
 the share of time in attention are those of the real model), at their native size unless --res is
 given (Flux, SD3, Z-Image: 1024; Qwen-Image: 1328; Wan: 832x480, --frames 33; LTX-2: 768x512,
 --frames 8k+1), batch 1 for Flux (guidance-distilled) and Z-Image-Turbo (CFG 1), else 2 (CFG).
@@ -38,6 +39,7 @@ from .device import check_device
 from .methods import DEFAULT_METHODS, DESCRIPTIONS, METHODS
 from .dit_models import FAMILY_ALIASES
 from .dit_runner import DEFAULT_SIZES, DIT_FAMILIES, VIDEO_FAMILIES
+from .dit_runner import methods_text as dit_methods_text
 from .models import FAMILIES
 from .runner import ATTENTION_BACKENDS, BenchConfig
 
@@ -51,12 +53,24 @@ PRESETS = {
 }
 # The GPU benchmark (--gpu-suite), fp16, default SDPA: (family, sizes, methods, compiled, profiled); the
 # eager parts cover the issue's table and profile every case with CUDA activity; only SD1.5 1024² is
-# compiled (a compile takes about 40 s per variant on an H100, so the whole suite stays under 8 minutes).
+# compiled (compilation dominates the suite's time: --families/--res run one part).
 GPU_METHODS = "vanilla,merge,merge-level,merge-auto,kv,kv@0.75,tomesd"
 GPU_SUITE = (("sd15", "512,1024,2048", GPU_METHODS, False, True),
              ("sdxl", "1024,2048", GPU_METHODS, False, True),
              ("sd15", "1024", "vanilla,merge,merge-level,kv@0.75", True, False))
 GPU_SUITE_ROUNDS = dict(repeats=3, max_repeats=6)
+
+
+def description() -> str:
+    """The module's text with the DiT families and their methods read from the catalogue."""
+    return __doc__.format(dit_families=", ".join(DIT_FAMILIES), dit_methods=dit_methods_text())
+
+
+def summary() -> str:
+    """One sentence on what the benchmark compares, for ``python -m tome_core --help``."""
+    return (f"benchmark, UNets ({', '.join(FAMILIES)}): {', '.join(METHODS)}; DiTs: {dit_methods_text()}: "
+            "time, speed-up with noise bands, output error, peak memory, attention kernel; CPU or CUDA, eager "
+            "or torch.compile (UNets)")
 
 
 def _csv(kind):
@@ -78,7 +92,7 @@ def _size(text: str) -> tuple[int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m tome_core bench", description=__doc__,
+        prog="python -m tome_core bench", description=description(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_presets(p)
     _add_what_to_run(p)
@@ -92,13 +106,14 @@ def _add_presets(p: argparse.ArgumentParser) -> None:
     preset = p.add_mutually_exclusive_group()
     preset.add_argument("--tiny", action="store_true",
                         help="CI setting: tiny sd15/sd2/sdxl models, 64 px, 1 repeat, 1 thread "
-                             "(seconds); with --families flux,sd3,wan: tiny-width DiTs, 1 block")
+                             f"(seconds); with DiT --families ({','.join(DIT_FAMILIES)}): tiny-width DiTs, "
+                             "1 block")
     preset.add_argument("--quick", action="store_true",
                         help="shortest real run: full sd15 at 512 px, 1 round (no noise check)")
     preset.add_argument("--full", action="store_true",
                         help="bigger run: sd15 at 512 and 768 px, 3 to 6 rounds, no time budget")
     preset.add_argument("--gpu-suite", action="store_true",
-                        help="the GPU benchmark (under 8 minutes on one H100): sd15 at 512/1024/2048 and "
+                        help="the GPU benchmark: sd15 at 512/1024/2048 and "
                              "sdxl at 1024/2048, fp16, default SDPA, eager, every case profiled with CUDA "
                              "activity; then sd15 1024 compiled; 3 to 6 rounds; --device cuda unless "
                              "given; --families/--res/--methods pick a part (e.g. --families sdxl)")
@@ -118,7 +133,8 @@ def _add_what_to_run(p: argparse.ArgumentParser) -> None:
                    help="comma list of merge ratios (default: 0.5)")
     p.add_argument("--methods", type=_csv(str), default=None,
                    help=f"comma list from {', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)}; "
-                        f"unavailable ones are skipped; DiT families: vanilla,kv only); METHOD@RATIO runs "
+                        f"unavailable ones are skipped; DiT families: vanilla,kv; they take {dit_methods_text()}); "
+                        f"METHOD@RATIO runs "
                         f"that method at that ratio only, e.g. kv@0.75, and METHOD@RATIO:SXxSY also sets "
                         f"its cell, e.g. kv@0.88:3x3; a DiT block range follows +b, e.g. kv@0.75+b0.34 "
                         f"(blocks 0.34..1: Flux's single blocks). "

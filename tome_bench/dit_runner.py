@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from tome_core.catalogue.diffusers_dits import merging_families
-from tome_core.catalogue.families import BY_NAME
+from tome_core.catalogue.families import BY_NAME, modes_of
 
 from . import dit_models, measure
 from .family import Case
@@ -35,6 +35,20 @@ DEFAULT_SIZES = {name: BY_NAME[name].native_px for name in DIT_FAMILIES}
 DEFAULT_BATCH = dit_models.DEFAULT_BATCH  # Flux, Z-Image-Turbo: 1 (no CFG pair); the others [uncond; cond]
 
 
+def methods_for(name: str) -> tuple[str, ...]:
+    """The methods the benchmark runs on DiT family ``name``: vanilla and kv, and merge where the catalogue gives
+    its diffusers classes mode merge (the benchmark builds diffusers models)."""
+    return DIT_METHODS + (("merge",) if "merge" in modes_of(BY_NAME[name], "diffusers") else ())
+
+
+def methods_text() -> str:
+    """The DiT families' methods, grouped, for help texts: "vanilla, kv, merge (flux, ...); vanilla, kv (sd3)"."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name in DIT_FAMILIES:
+        groups.setdefault(methods_for(name), []).append(name)
+    return "; ".join(f"{', '.join(methods)} ({', '.join(names)})" for methods, names in groups.items())
+
+
 def check_config(cfg, method_names: tuple[str, ...]) -> None:
     """Refuse a DiT run the benchmark cannot do, naming the fix (``cfg``: a ``runner.BenchConfig``)."""
     dits = [f for f in cfg.families if f in DIT_FAMILIES]  # all of them: one kind per run
@@ -42,7 +56,7 @@ def check_config(cfg, method_names: tuple[str, ...]) -> None:
     if bad:
         raise ValueError(f"methods: {', '.join(bad)} not available for DiT families ({', '.join(dits)}): "
                          f"{_NOT_FOR_DITS}; use --methods vanilla,kv (their default)")
-    unmerged = [f for f in dits if not any(binding.merge for binding in BY_NAME[f].diffusers)]
+    unmerged = [f for f in dits if "merge" not in methods_for(f)]
     if any(m.split("@")[0] == "merge" for m in method_names) and unmerged:
         raise ValueError(f"methods: merge does not reach {', '.join(unmerged)} yet (mode merge on DiTs: "
                          f"{merging_families()}); run those with --methods vanilla,kv")
@@ -129,8 +143,13 @@ class DiTFamily:
     def case(self, model: torch.nn.Module, name: str, size: tuple[int, int], cfg) -> Case:
         width, height = size
         batch = cfg.batch_for(name)
-        inputs = dit_models.make_dit_inputs(model, name, batch, height, width, cfg.frames, cfg.seed,
-                                            measure.DTYPES[cfg.dtype])
+        device = torch.device(cfg.device)
+
+        def inputs_of(content: str) -> dict:
+            inputs = dit_models.make_dit_inputs(model, name, batch, height, width, cfg.frames, cfg.seed,
+                                                measure.DTYPES[cfg.dtype], content=content, photo=cfg.photo)
+            return dit_models.to_device(inputs, device)
+
         share: dict = {}
 
         def extra() -> dict:
@@ -148,9 +167,9 @@ class DiTFamily:
                 fields.update(audio_tokens=dit_models.audio_tokens(cfg.frames))
             return fields
 
-        return Case(dit_models.to_device(inputs, torch.device(cfg.device)), _forward,
-                    dit_models.peaked_attention, probe=_attention_probe(share),
-                    errors=_errors(name), extra=extra)
+        return Case(inputs_of(cfg.inputs_content), _forward, dit_models.peaked_attention,
+                    probe=_attention_probe(share), errors=_errors(name), extra=extra,
+                    photo_inputs=inputs_of("photo") if cfg.content == "both" else None)
 
 
 DIT = DiTFamily()

@@ -9,17 +9,16 @@ the ComfyUI nodes and the WebUI extension. It reaches (tome_core/catalogue/famil
 {unets}
 {diffusers}
 {comfy}
+{modes}
 
 commands:
-  bench        benchmark vanilla vs tome_core's merge/kv modes vs tomesd (UNets) or vanilla vs
-               kv (Flux, SD3, Wan): time, speed-up with noise bands, output error, peak memory,
-               attention kernel; CPU or CUDA, eager or torch.compile.
-               'python -m tome_core bench --help' for options (also: tome-bench)
+{bench}
+             'python -m tome_core bench --help' for options (also: tome-bench)
 
 use it from Python (diffusers):
   import tome_core
-  tome_core.apply_patch(pipe, ratio=0.5, mode="kv")   # its UNet or transformer; UNets: or "merge"
-  ...                                                 # sample as usual
+  tome_core.apply_patch(pipe, ratio=0.5)   # its UNet or transformer, in the family's default mode
+  ...                                      # (mode="merge" or mode="kv" to choose); sample as usual
   tome_core.remove_patch(pipe)
 
 use it in a host (see README.md):
@@ -33,17 +32,25 @@ def help_text() -> str:
     """The overview, its supported models read from the catalogue."""
     import textwrap
 
-    from .catalogue.families import UNET_FAMILIES, titles
+    try:  # the benchmark's methods per family, read from the catalogue; not in the ComfyUI registry's archive
+        from tome_bench.cli import summary as bench_summary
+    except ImportError:
+        def bench_summary() -> str:
+            return "benchmark (tome_bench, not in this copy: install the pip package or clone the repository)"
 
-    def wrap(head: str, text: str) -> str:
-        return textwrap.fill(text, 100, initial_indent=f"  {head:<17}", subsequent_indent=" " * 19,
+    from .catalogue.families import UNET_FAMILIES, mode_summary, titles
+
+    def wrap(head: str, text: str, width: int = 17) -> str:
+        return textwrap.fill(text, 100, initial_indent=f"  {head:<{width}}", subsequent_indent=" " * (width + 2),
                              break_on_hyphens=False)
 
     return HELP.format(
-        unets=wrap("UNets", f"{', '.join(UNET_FAMILIES)}: mode \"merge\" (merge tokens through the transformer "
-                            "blocks) or mode \"kv\" (attend to fewer keys/values)"),
-        diffusers=wrap("DiTs, diffusers", f"mode \"kv\": {titles('diffusers')}"),
-        comfy=wrap("DiTs, ComfyUI", f"mode \"kv\": {titles('comfy')}"))
+        unets=wrap("UNets", f"{', '.join(UNET_FAMILIES)}: mode \"merge\" (default: merge tokens through the "
+                            "transformer blocks) or mode \"kv\" (attend to fewer keys/values)"),
+        diffusers=wrap("DiTs, diffusers", titles("diffusers")),
+        comfy=wrap("DiTs, ComfyUI", titles("comfy")),
+        modes=wrap("DiT modes", mode_summary()),
+        bench=wrap("bench", bench_summary(), width=11))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,12 +60,16 @@ def main(argv: list[str] | None = None) -> int:
         from tome_bench.cli import main as bench_main  # the benchmark package (same distribution)
 
         return bench_main(argv[1:])
+    if argv and argv[0] == "compare":
+        from .compare import main as compare_main  # imports diffusers on use
+
+        return compare_main(argv[1:])
     if argv and argv[0] in ("-h", "--help", "help"):
         print(help_text())
         return 0
     print(help_text(), file=sys.stderr)
     if argv:
-        print(f"python -m tome_core: error: unknown command {argv[0]!r} (choose: bench)",
+        print(f"python -m tome_core: error: unknown command {argv[0]!r} (choose: bench, compare)",
               file=sys.stderr)
     return 2
 

@@ -480,3 +480,39 @@ def markdown_list() -> str:
         modes = f"modes kv and merge{only}, default {family.default_mode}" if merging else "mode kv"
         lines.append(f"- {family.title} (`{family.name}`, {modes}): {' and '.join(hosts)}")
     return "\n".join(lines) + "\n"
+
+
+def short_title(family: ModelFamily) -> str:
+    """The family's title without its parenthesised list of versions, for one-line texts ("Wan 2.x")."""
+    return family.title.split(" (")[0]
+
+
+def modes_of(family: ModelFamily, host: Optional[str] = None) -> Tuple[str, ...]:
+    """The modes ``family`` takes on ``host`` ("diffusers" or "comfy"; None: on either): ("kv",) or ("kv", "merge")."""
+    bindings = family.diffusers + family.comfy if host is None else getattr(family, host)
+    return ("kv", "merge") if any(binding.merge is not None for binding in bindings) else ("kv",)
+
+
+def merging(default: Optional[str] = None) -> Tuple[ModelFamily, ...]:
+    """The families that take mode merge on some host; ``default``: only those whose default mode it is."""
+    return tuple(family for family in CATALOGUE if "merge" in modes_of(family)
+                 and (default is None or family.default_mode == default))
+
+
+def _names(families: Tuple[ModelFamily, ...]) -> str:
+    titles_ = [short_title(family) for family in families]
+    return " and ".join(titles_) if len(titles_) < 3 else ", ".join(titles_[:-1]) + " and " + titles_[-1]
+
+
+def default_modes() -> str:
+    """The transformer families' default modes, short: "merge on Qwen-Image, ... and LTX-2, kv on the others"."""
+    return f"merge on {_names(merging('merge'))}, kv on the others"
+
+
+def mode_summary() -> str:
+    """One sentence on the transformer families' modes and defaults, for help texts and node tooltips."""
+    names = _names
+    also = merging("kv")
+    return (f"mode merge (fewer image tokens through whole blocks) is the default on {names(merging('merge'))}; "
+            f"{names(also)} {'takes' if len(also) == 1 else 'take'} merge too, default kv; the other transformers "
+            f"take mode kv (fewer keys/values) only")
