@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from .content import CONTENTS, PHOTOS
 from .device import check_device
 from .methods import DEFAULT_METHODS, DESCRIPTIONS, METHODS
 from .dit_models import FAMILY_ALIASES
@@ -173,6 +174,14 @@ def _add_how_to_measure(p: argparse.ArgumentParser) -> None:
                    help="also measure errors with self-attention q/k scaled by this factor "
                         "(peaked attention as in trained models; DiTs: their q/k RMSNorm weights, "
                         "which set their logit scale); 1 = off (default: 3.0)")
+    p.add_argument("--content", choices=CONTENTS, default="noise",
+                   help="the latents: seeded noise (the worst case for merging: neighbours barely alike), "
+                        "'photo' (a photograph in the family's latent channels through the hosts' "
+                        "latent-to-RGB preview factors, noised to the step; video: a slow pan), or 'both': "
+                        "timed on noise, errors on both (columns '... (photo)'); see docs/CONTENT.md "
+                        "(default: noise)")
+    p.add_argument("--photo", choices=tuple(PHOTOS), default="astronaut",
+                   help="--content photo/both: which photograph skimage.data ships (default: astronaut)")
     p.add_argument("--guidance", type=float, default=7.5,
                    help="CFG scale for the combined-prediction error (default: 7.5; flux is "
                         "guidance-distilled: its guided error is the output's)")
@@ -258,7 +267,8 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
             seed=args.seed, max_downsample=args.max_downsample, use_rand=args.use_rand,
             device=device, attention=args.attention,
             blocks=(1 if args.tiny else 2) if args.blocks is None else args.blocks,
-            frames=33 if args.frames is None else args.frames, ops=args.ops)
+            frames=33 if args.frames is None else args.frames, ops=args.ops,
+            content=args.content, photo=args.photo)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -320,6 +330,8 @@ def _prepare(args: argparse.Namespace, configs: list[BenchConfig]) -> tuple[dict
     if threads:
         torch.set_num_threads(threads)
     env = report.environment(configs[0].device)
+    env["command"] = " ".join(["python -m tome_core bench", *args.argv])
+    env["commit"] = report.source_commit()
     load, cores = env.get("load_avg_1min_at_start"), env.get("cpu_count") or 1
     if configs[0].device == "cpu" and load is not None and load > cores / 2:
         print(f"note: the machine is busy (load {load} on {cores} cores): timings will be noisy; "
@@ -406,6 +418,7 @@ def _print_results(args: argparse.Namespace, configs: list[BenchConfig], rows: l
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the process exit code (2: bad input, one line on stderr)."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded with the results
     try:
         configs = _configs(args)
     except UsageError as e:

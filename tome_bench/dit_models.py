@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .content import photo_like
 from .models import scaled_parameters
 
 DIT_FAMILIES = ("flux", "sd3", "wan", "z_image", "qwen_image", "ltx2")  # the catalogue's names (tested)
@@ -205,12 +206,14 @@ def token_counts(family: str, height_px: int, width_px: int, frames: int = 1,
 
 def make_dit_inputs(model: torch.nn.Module, family: str, batch: int, height_px: int, width_px: int,
                     frames: int = 1, seed: int = 0, dtype: torch.dtype = torch.float32,
-                    text_tokens: Optional[int] = None) -> dict:
+                    text_tokens: Optional[int] = None, content: str = "noise", photo: str = "astronaut") -> dict:
     """Keyword inputs of one forward for an image (or ``frames``-frame video) of height_px x width_px.
 
     With an even batch the halves are an unconditional/conditional CFG pair (same latents and step).
     Flux is guidance-distilled: its batch is all conditional, guidance 3.5. Text embeddings have
     ``TEXT_TOKENS[family]`` tokens unless ``text_tokens`` is given; widths come from the model's config.
+    content "noise": the latents are seeded noise; "photo": that noise at the bench's step over ``photo``
+    (``content.photo_like``; every other input the same).
     """
     cfg = model.config
     gen = torch.Generator().manual_seed(seed)
@@ -222,6 +225,13 @@ def make_dit_inputs(model: torch.nn.Module, family: str, batch: int, height_px: 
                        generator=gen, dtype=torch.float32)
     f, h, w = latent_shape(family, height_px, width_px, frames)
     out = _INPUTS[family](cfg, gen, n, text, (f, h, w), frames)
+    if content == "photo":
+        key = "x" if family == "z_image" else "hidden_states"
+        value = out[key]
+        out[key] = ([photo_like(v, family, f, h, w, photo) for v in value] if isinstance(value, list)
+                    else photo_like(value, family, f, h, w, photo))
+    elif content != "noise":
+        raise ValueError(f"content must be 'noise' or 'photo', got {content!r}")
     # the CFG pair's halves share latents (and step): repeat what has one entry per sample
     if pair:
         for key in ("hidden_states", "audio_hidden_states", "x"):

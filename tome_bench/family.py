@@ -26,7 +26,8 @@ class Case:
     forward(model, inputs) -> fp32 output; peaked(model, factor): context with peaked attention;
     probe(fn, device) -> (seconds, output): times the vanilla forward after the warm-up round
     (None: ``measure.timed``); errors(y, ref, guidance) -> (output error, guided error);
-    extra() -> row fields known once the rounds are done (it may read what ``probe`` saw)."""
+    extra() -> row fields known once the rounds are done (it may read what ``probe`` saw);
+    photo_inputs: with --content both, the same inputs with the photo's latents (errors only)."""
 
     inputs: Any
     forward: Callable[[torch.nn.Module, Any], torch.Tensor]
@@ -34,6 +35,7 @@ class Case:
     probe: Callable | None = None
     errors: Errors = measure.errors
     extra: Callable[[], dict] = field(default=dict)
+    photo_inputs: Any = None
 
 
 class BenchFamily(Protocol):

@@ -14,6 +14,8 @@ from typing import Iterator
 
 import torch
 
+from .content import photo_like
+
 FAMILIES = ("sd15", "sd2", "sdxl")
 SCALES = ("full", "tiny")
 
@@ -179,7 +181,8 @@ def build_unet(family: str, scale: str = "full", seed: int = 0,
 
 
 def make_inputs(unet, family: str, batch: int, height_px: int, width_px: int,
-                seed: int = 0, dtype: torch.dtype = torch.float32):
+                seed: int = 0, dtype: torch.dtype = torch.float32, content: str = "noise",
+                photo: str = "astronaut"):
     """UNet inputs for a ``height_px`` x ``width_px`` image (latent = px // 8).
 
     Returns ``(sample [B,4,h,w], timestep [B], encoder_hidden_states [B,77,D],
@@ -187,7 +190,8 @@ def make_inputs(unet, family: str, batch: int, height_px: int, width_px: int,
     for SDXL, else None.
     With an even batch the first half plays the unconditional and the second the conditional
     half of a classifier-free-guidance batch: the same latents and timestep, different text
-    embeddings.
+    embeddings. content "noise": the latents are seeded noise; "photo": that noise at timestep
+    500 over ``photo`` (``content.photo_like``; every other input the same).
     """
     cfg = unet.config
     gen = torch.Generator().manual_seed(seed)
@@ -195,6 +199,10 @@ def make_inputs(unet, family: str, batch: int, height_px: int, width_px: int,
     cfg_pair = batch % 2 == 0
     n = batch // 2 if cfg_pair else batch
     sample = torch.randn(n, cfg.in_channels, h, w, generator=gen)
+    if content == "photo":
+        sample = photo_like(sample, family, 1, h, w, photo)
+    elif content != "noise":
+        raise ValueError(f"content must be 'noise' or 'photo', got {content!r}")
     timestep = torch.full((n,), 500.0)
     if cfg_pair:
         sample, timestep = sample.repeat(2, 1, 1, 1), timestep.repeat(2)

@@ -58,6 +58,13 @@ METRICS = {
                       "(peaked attention, as in trained models; DiTs: their q/k RMSNorm weights, "
                       "which set their logit scale)",
     "cfg_err_peaked": "cfg_err on the peaked model",
+    "content": "the timed inputs' latents: 'noise' (seeded), 'photo' (a photograph through the family's "
+               "latent-to-RGB preview factors, noised to the step: tome_bench/content.py), 'both' (timed on "
+               "noise; the *_photo errors from the photo's latents)",
+    "rel_err_peaked_photo": "--content both: rel_err_peaked with the photo's latents in place of the noise "
+                            "(one forward per variant in the warm-up round); without peaked: rel_err_photo",
+    "cfg_err_peaked_photo": "--content both: cfg_err_peaked with the photo's latents; without peaked: "
+                            "cfg_err_photo",
     "peak_mem_mb": "peak tensor memory allocated during one forward above the live set at its "
                    "start (weights and inputs excluded); CPU: torch.profiler memory events, "
                    "CUDA: torch.cuda.max_memory_allocated, reset per measured call",
@@ -111,6 +118,22 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def source_commit() -> str | None:
+    """The git commit of the checkout this package runs from ('+dirty' when tracked files differ from it);
+    None outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def load_avg() -> float | None:
@@ -176,6 +199,9 @@ COLUMNS = [  # header, row key, format, legend
     ("err peaked", "rel_err_peaked", ".4f",
      "'err' with self-attention q/k scaled (peaked attention, as in trained models)"),
     ("cfg err peaked", "cfg_err_peaked", ".4f", "'cfg err' with peaked attention"),
+    ("cfg err (photo)", "cfg_err_photo", ".4f", "--content both: 'cfg err' on the photo's latents"),
+    ("cfg err peaked (photo)", "cfg_err_peaked_photo", ".4f",
+     "--content both: 'cfg err peaked' on the photo's latents"),
     ("peak MB", "peak_mem_mb", ".1f", "peak activation memory of one forward (weights excluded)"),
     ("mem x", "mem_vs_vanilla", ".2f", "peak MB / vanilla's peak MB (< 1 = saves memory)"),
     ("+ops", "aten_ops_added", "d", "--ops: ATen ops one forward dispatches beyond vanilla's (GPU kernel-launch proxy)"),
@@ -287,6 +313,8 @@ def write_chart(rows: list[dict], path: Path) -> Path | None:
     panels = [("cfg_err", "CFG-combined rel. L2 error"), ("rel_err", "rel. L2 error")]
     if any(r.get("cfg_err_peaked") is not None for r in rows):
         panels.append(("cfg_err_peaked", "CFG-combined rel. L2 error, peaked attention"))
+    if any(r.get("cfg_err_peaked_photo") is not None for r in rows):
+        panels.append(("cfg_err_peaked_photo", "the same on the photo's latents"))
     panels = [(k, t) for k, t in panels if any(r.get(k) is not None for r in rows)]
     if not rows or not panels:
         return None

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from . import measure, op_count, stats
+from . import content, measure, op_count, stats
 from .dit_runner import DIT
 from .family import BenchFamily, Case
 from .measure import DTYPES
@@ -74,6 +74,10 @@ class BenchConfig:
     blocks: int = 2             # DiTs: blocks of each kind (full depth does not fit a CPU)
     frames: int = 33            # Wan: video frames (4k + 1)
     ops: bool = False           # also count ATen ops and bytes moved per forward (op_count)
+    # latents: "noise" (seeded), "photo" (a photograph at the bench's step, see ``content``), or "both":
+    # timed on noise, errors also on the photo (the warm-up round runs each variant on it as well)
+    content: str = "noise"
+    photo: str = "astronaut"    # --content photo/both: which of content.PHOTOS
     skipped: dict = field(default_factory=dict)  # method -> reason, filled by ``resolve``
 
     def __post_init__(self) -> None:
@@ -112,6 +116,7 @@ class BenchConfig:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        content.check(self.content, self.photo)
         kind.check(self, method_names)
 
     @property
@@ -146,6 +151,11 @@ class BenchConfig:
 
     def as_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "skipped"}
+
+    @property
+    def inputs_content(self) -> str:
+        """The content of the inputs that are timed: the photo only with --content photo."""
+        return "photo" if self.content == "photo" else "noise"
 
     def patch_options(self) -> dict:
         return dict(max_downsample=self.max_downsample, use_rand=self.use_rand, seed=self.seed)
@@ -247,6 +257,7 @@ class _Measured:
 
     mem: dict = field(default_factory=dict)         # peak bytes of one forward
     out_peaked: dict = field(default_factory=dict)  # output of the peaked UNet
+    out_photo: dict = field(default_factory=dict)   # --content both: the same on the photo's latents
     attention: dict = field(default_factory=dict)   # SDPA kernels used (device.kernels_used)
     times: dict = field(default_factory=dict)       # seconds per timed round
     waits: dict = field(default_factory=dict)       # per round: share of it spent waiting for a CPU
@@ -262,11 +273,12 @@ class _Measured:
 
 
 def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: Progress,
-             clock: Clock, forward=None, peaked=None, probe=None) -> _Measured:
+             clock: Clock, forward=None, peaked=None, probe=None, photo_inputs=None) -> _Measured:
     """forward(model, inputs) -> fp32 output (default ``measure.forward``, a UNet's);
     peaked(model, factor): context with peaked attention (default ``models.peaked_attention``);
     probe(fn, device) -> (seconds, output): times the vanilla forward after the warm-up round
-    (default ``measure.timed``; the DiT runner measures its attention share there)."""
+    (default ``measure.timed``; the DiT runner measures its attention share there);
+    photo_inputs (--content both): each variant also runs once on them in the warm-up round."""
     device, options, m = torch.device(cfg.device), cfg.patch_options(), _Measured()
     forward, peaked = forward or measure.forward, peaked or peaked_attention
 
@@ -282,6 +294,10 @@ def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: 
             w = run(v, measure.warm_up)
             m.mem[v], m.out_peaked[v], m.attention[v], warm[v] = (
                 w.peak_bytes, w.out, w.attention, w.seconds)
+            if photo_inputs is not None:  # same patch, same model state: only the latents differ
+                with patched(unet, v, **options):
+                    m.out_photo[v] = forward(unet, photo_inputs)
+                progress(f"{v.label} (photo)")
         # vanilla again after every patch was applied and removed: must be unchanged
         warm[variants[0]], again = run(variants[0], probe or measure.timed)  # no first-call cost now
     m.drift = measure.rel_l2(again, m.out_peaked[variants[0]])
@@ -353,6 +369,7 @@ def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Meas
     row = dict(family=family, scale=cfg.scale, width=width, height=height,
                latent=f"{height // 8}x{width // 8}", batch=cfg.batch_for(family), dtype=cfg.dtype,
                device=cfg.device, method=v.method, ratio=v.ratio, label=v.label, compiled=False,
+               content=cfg.content,
                attention=m.attention[v],
                time_s=statistics.median(m.times[v]), times_s=m.times[v], rounds=r.n,
                # ratio of the median times (what the ms column says), its band widened by the
@@ -366,6 +383,10 @@ def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Meas
         row["peaked"] = cfg.peaked
         row["rel_err_peaked"], row["cfg_err_peaked"] = errors(
             m.out_peaked[v], m.out_peaked[base], cfg.guidance)
+    if m.out_photo:  # the photo's errors, under the same (peaked or plain) attention as the warm-up round
+        peaked = "_peaked" if cfg.peaked != 1.0 else ""
+        row[f"rel_err{peaked}_photo"], row[f"cfg_err{peaked}_photo"] = errors(
+            m.out_photo[v], m.out_photo[base], cfg.guidance)
     if v == base:
         row["vanilla_drift"] = m.drift
     row["peak_mem_mb"] = m.mem[v] / 2**20
@@ -412,7 +433,7 @@ def run_case(model, family: str, size: tuple[int, int], variants: list[Variant],
     clock = clock or Clock(cfg, len(variants), lambda _: None)
     case: Case = kind_of(family).case(model, family, size, cfg)
     m = _measure(model, case.inputs, variants, cfg, progress, clock, forward=case.forward,
-                 peaked=case.peaked, probe=case.probe)
+                 peaked=case.peaked, probe=case.probe, photo_inputs=case.photo_inputs)
     ratios = m.ratios(variants)
     ranks = stats.ranking(ratios)
     extra = case.extra()
@@ -446,7 +467,8 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
     from tqdm.auto import tqdm
 
     variants = cfg.resolve()
-    per_case = len(variants) * (1 + cfg.repeats) + 1 + (2 * len(variants) if cfg.compile else 0)
+    per_case = (len(variants) * (1 + cfg.repeats) + 1 + (2 * len(variants) if cfg.compile else 0)
+                + (len(variants) if cfg.content == "both" else 0))
     n_forwards = sum(len(cfg.sizes_for(f)) for f in cfg.families) * per_case
     # no tqdm ETA: forwards differ in cost; the Clock's estimate (from measured warm-ups) is shown
     bar = tqdm(total=n_forwards, unit="fwd", disable=not progress_bar, dynamic_ncols=True,

@@ -33,14 +33,18 @@ class UNetFamily:
     def build(self, name: str, cfg: Any) -> torch.nn.Module:
         return build_unet(name, cfg.scale, cfg.seed, measure.DTYPES[cfg.dtype]).to(cfg.device)
 
-    def inputs(self, unet: torch.nn.Module, name: str, size: tuple[int, int], cfg: Any) -> measure.Inputs:
+    def inputs(self, unet: torch.nn.Module, name: str, size: tuple[int, int], cfg: Any,
+               content: str | None = None) -> measure.Inputs:
+        """The case's inputs; ``content`` "noise" or "photo" (default: what the run times)."""
         width, height = size
         inputs = make_inputs(unet, name, cfg.batch_for(name), height, width, cfg.seed,
-                             measure.DTYPES[cfg.dtype])
+                             measure.DTYPES[cfg.dtype], content or cfg.inputs_content, cfg.photo)
         return measure.Inputs(*inputs).to(torch.device(cfg.device))
 
     def case(self, unet: torch.nn.Module, name: str, size: tuple[int, int], cfg: Any) -> Case:
-        return Case(self.inputs(unet, name, size, cfg), measure.forward, peaked_attention)
+        photo = self.inputs(unet, name, size, cfg, "photo") if cfg.content == "both" else None
+        return Case(self.inputs(unet, name, size, cfg), measure.forward, peaked_attention,
+                    photo_inputs=photo)
 
 
 UNET = UNetFamily()
