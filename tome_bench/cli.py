@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from .content import CONTENTS, PHOTOS
+from .chart import write_chart
 from .device import check_device
 from .methods import DEFAULT_METHODS, DESCRIPTIONS, METHODS
 from .dit_models import FAMILY_ALIASES
@@ -401,7 +402,7 @@ def _print_results(args: argparse.Namespace, configs: list[BenchConfig], rows: l
     md = args.out / "results.md"
     md.write_text(report.format_markdown(
         rows, f"tome_core bench on {where}, {configs[0].dtype}, torch {env['torch']}"))
-    chart = None if no_chart else report.write_chart(rows, args.out / "speedup_vs_error.png")
+    chart = None if no_chart else write_chart(rows, args.out / "speedup_vs_error.png", title=str(where))
     print(f"\nwrote {args.out / 'results.json'}, {md}" + (f" and {chart}" if chart else ""))
     if no_chart:
         print(no_chart)
