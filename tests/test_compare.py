@@ -108,7 +108,7 @@ def test_ratio_zero_is_identical_and_ratio_half_is_not(compared):
         assert zero["identical"] is True and zero["psnr_db"] is None and zero["ssim"] == 1.0
         assert half["identical"] is False and math.isfinite(half["psnr_db"]) and 0 < half["ssim"] < 1.0
     summary = {s["setting"]: s for s in doc["settings"]}
-    assert summary["ratio=0.5"]["description"].startswith("ToMe") or "ratio" in summary["ratio=0.5"]["description"]
+    assert summary["ratio=0.5"]["description"].startswith("ToMe merge r=0.5 on UNet levels 1")  # tome_core.describe
     assert summary["ratio=0.0"]["psnr_db"] is None and math.isfinite(summary["ratio=0.5"]["psnr_db"])
 
 

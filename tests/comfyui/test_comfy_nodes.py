@@ -337,7 +337,7 @@ def test_tome_core_exposes_what_the_glue_uses():
 
 # -- example_workflows/ --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["ToMe_SD15_basic", "ToMe_SD15_advanced"])
+@pytest.mark.parametrize("name", ["ToMe_SD15_basic", "ToMe_SD15_advanced", "ToMe_SD15_compare"])
 def test_ui_and_api_example_workflows_agree(tome_package, name):
     """The UI file (template browser) and the API file (POST /prompt) describe the same graph."""
     ui = json.loads((REPO / "example_workflows" / f"{name}.json").read_text())
