@@ -78,7 +78,7 @@ KV_DOWNSAMPLE_INPUT = (list(KV_DOWNSAMPLES), {"default": "nearest", "tooltip":
                        "SD1.5 in our measurements), avg averages each window (lower on SDXL)."})
 # ComfyUI's defaults (the basic node uses them too): GPU users never get a level that measured slower
 # than doing nothing; one matching per level, which measured as close to the original as tomesd's per-block
-# matching or closer, with a fifth of its matching work (README "Which matching?").
+# matching or closer, with a fifth of its matching work (docs/BENCHMARK.md "Which matching?").
 COMFY_DEFAULTS = {"matching": "level", "speed_check": "auto"}
 # Optional for the same reason as kv_downsample.
 SPEED_INPUTS = {

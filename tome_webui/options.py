@@ -24,7 +24,7 @@ SPEED_CHECK_CHOICES = SPEED_CHECKS
 LEVELS_KEY = "ToMe levels"
 # The WebUI's defaults: GPU users get no level that measured slower than doing nothing (the CPU is not
 # timed), and one matching per level (as close to the original as tomesd's per-block matching or closer,
-# with a fifth of its matching work; README "Which matching?").
+# with a fifth of its matching work; docs/BENCHMARK.md "Which matching?").
 WEBUI_SPEED_CHECK = "auto"
 WEBUI_MATCHING = "level"
 

@@ -176,7 +176,7 @@ class DiffusersDiT:
 DOUBLE_SINGLE = (BlockList("transformer_blocks", (("attn", "joint"),)),
                   BlockList("single_transformer_blocks", (("attn", "joint"),)))
 # Flux.1: nearly all of kv's error comes from the double blocks (python -m tome_bench.dit_blocks;
-# README "Which blocks"): the default range is its single blocks, the lowest error per unit of speed-up.
+# docs/TRANSFORMERS.md "Which blocks"): the default range is its single blocks, the lowest error per unit of speed-up.
 FLUX_BLOCKS = (BlockList("transformer_blocks", (("attn", "joint"),), default=False),
                 BlockList("single_transformer_blocks", (("attn", "joint"),)))
 

@@ -39,7 +39,7 @@ class ModelFamily:
     native_px: (width, height) the family is made for, where the benchmark runs it, else None.
     diffusers, comfy: the host classes of the family, as bindings; empty where that host has none.
     default_mode: the mode used where none is asked for (the basic ComfyUI node, ``apply_patch`` without
-        ``mode``): the lowest error per unit of speed-up measured (README, "Mode merge on transformers"); "merge"
+        ``mode``): the lowest error per unit of speed-up measured (docs/TRANSFORMERS.md, "Mode merge"); "merge"
         only where the family has merge bindings, and only on the classes they reach (the others get kv).
     """
 
