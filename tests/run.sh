@@ -15,6 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export TOME_REQUIRE_COMFY=1 TOME_REQUIRE_WEBUI=1 TOME_COMFY_CACHE="$PWD/.cache/comfy"
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/.cache/inductor}"
+source tests/pip_quiet.sh  # pip_install: pip without the lines that need no reader
 failed=()
 timings=()
 
@@ -34,9 +35,9 @@ setup_core() {
   fi
   local constraint
   constraint="$(mktemp)" && echo "torch==2.13.0" > "$constraint"
-  .venv-test/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 &&
-    .venv-test/bin/python -m pip install -q --disable-pip-version-check -c "$constraint" -r requirements-test.txt &&
-    .venv-test/bin/python -m pip install -q --disable-pip-version-check --no-deps comfy-cli==1.23.0 &&
+  pip_install .venv-test/bin/python torch==2.13.0 &&
+    pip_install .venv-test/bin/python -c "$constraint" -r requirements-test.txt &&
+    pip_install .venv-test/bin/python --no-deps comfy-cli==1.23.0 &&
     bash tests/env_stamp.sh write .venv-test requirements-test.txt
 }
 

