@@ -54,9 +54,12 @@ def test_both_help_texts_are_derived_from_the_catalogue():
     from tome_bench.dit_runner import DIT_FAMILIES, methods_for, methods_text
 
     bench = _flat(run("bench", "--help").stdout)
-    assert _flat(methods_text()) in overview and _flat(methods_text()) in bench
+    assert _flat(methods_text()) in bench
+    merge_list = re.search(r"merge on DiTs \(([^)]*)\)", overview).group(1).split(", ")
+    assert merge_list == [f.name for f in CATALOGUE if "merge" in modes_of(f, "diffusers")]
     for name in DIT_FAMILIES:  # the bench runs merge exactly where the family's diffusers classes take it
         assert ("merge" in methods_for(name)) == ("merge" in modes_of(BY_NAME[name], "diffusers")), name
+        assert ("merge" in methods_for(name)) == (name in merge_list), name
     for stale in ("kv only", "vanilla,kv only", "vanilla vs mode kv", "under 8 minutes", "flux,sd3,wan:"):
         assert stale not in bench and stale not in overview, stale
 

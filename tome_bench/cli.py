@@ -68,13 +68,6 @@ def description() -> str:
     return __doc__.format(dit_families=", ".join(DIT_FAMILIES), dit_methods=dit_methods_text())
 
 
-def summary() -> str:
-    """One sentence on what the benchmark compares, for ``python -m tome_core --help``."""
-    return (f"benchmark, UNets ({', '.join(FAMILIES)}): {', '.join(METHODS)}; DiTs: {dit_methods_text()}: "
-            "time, speed-up with noise bands, output error, peak memory, attention kernel; CPU or CUDA, eager "
-            "or torch.compile (UNets)")
-
-
 def _csv(kind):
     def parse(text: str):
         try:

@@ -32,13 +32,7 @@ def help_text() -> str:
     """The overview, its supported models read from the catalogue."""
     import textwrap
 
-    try:  # the benchmark's methods per family, read from the catalogue; not in the ComfyUI registry's archive
-        from tome_bench.cli import summary as bench_summary
-    except ImportError:
-        def bench_summary() -> str:
-            return "benchmark (tome_bench, not in this copy: install the pip package or clone the repository)"
-
-    from .catalogue.families import UNET_FAMILIES, mode_summary, titles
+    from .catalogue.families import CATALOGUE, UNET_FAMILIES, mode_summary, modes_of, titles
 
     def wrap(head: str, text: str, width: int = 17) -> str:
         return textwrap.fill(text, 100, initial_indent=f"  {head:<{width}}", subsequent_indent=" " * (width + 2),
@@ -50,7 +44,11 @@ def help_text() -> str:
         diffusers=wrap("DiTs, diffusers", titles("diffusers")),
         comfy=wrap("DiTs, ComfyUI", titles("comfy")),
         modes=wrap("DiT modes", mode_summary()),
-        bench=wrap("bench", bench_summary(), width=11))
+        bench=wrap("bench", "benchmark vanilla, tome_core's modes and tomesd on UNets (merge, kv and their variants), "
+                            "and vanilla, kv and, where the family's diffusers classes take it, merge on DiTs ("
+                            + ", ".join(f.name for f in CATALOGUE if "merge" in modes_of(f, "diffusers"))
+                            + "): time, speed-up with noise bands, output error, peak memory, attention kernel; "
+                              "CPU or CUDA, eager or torch.compile (UNets)", width=11))
 
 
 def main(argv: list[str] | None = None) -> int:
