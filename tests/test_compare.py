@@ -2,13 +2,15 @@
 
 The pipeline folder is what ``save_pretrained`` writes: a reduced-channel SD1.5 UNet (tome_bench.models), a
 tiny AutoencoderKL and CLIPTextModel with seeded weights, and a CLIP tokenizer with a character-level
-vocabulary written here. Nothing is downloaded.
+vocabulary written here; the single-file checkpoint is the same pipeline in the LDM key layout
+(tests/sd15_single_file.py). Nothing is downloaded.
 """
 from __future__ import annotations
 
 import json
 import math
 import string
+import sys
 
 import numpy as np
 import pytest
@@ -17,12 +19,14 @@ import torch
 import tome_core
 from tome_bench.models import build_unet
 from tome_core.__main__ import main as tome_main
+from sd15_single_file import pipeline_to_ldm
 from tome_core.compare import CompareError, parse_setting
 from tome_core.compare_images import cell_size, psnr, ssim
 
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
 PIL_Image = pytest.importorskip("PIL.Image")
+safetensors_torch = pytest.importorskip("safetensors.torch")
 
 PROMPTS = ("a red fox in the snow", "a lighthouse at dusk")
 
@@ -128,13 +132,47 @@ def test_a_bad_setting_stops_before_anything_is_rendered(pipeline, tmp_path, cap
     assert not out.exists()
 
 
-def test_a_checkpoint_file_or_a_missing_prompt_is_refused_with_a_hint(tmp_path, capsys):
-    (tmp_path / "model.safetensors").write_bytes(b"")
-    assert tome_main(_args(tmp_path / "model.safetensors", tmp_path / "o", "ratio=0.5", extra=["--prompt", "x"])) == 2
-    assert "a diffusers pipeline folder with a model_index.json expected (a single-file checkpoint: convert it once" \
-        in capsys.readouterr().err
+def test_a_single_file_checkpoint_renders_as_its_pipeline_folder(compared, pipeline, tmp_path):
+    """The tiny pipeline written as one LDM-layout .safetensors (what a WebUI or ComfyUI holds), its configs from
+    the folder (--config): the grid's images equal the folder run's."""
+    checkpoint = tmp_path / "tiny_sd15.safetensors"
+    safetensors_torch.save_file(pipeline_to_ldm(pipeline[1]), str(checkpoint))
+    out = tmp_path / "out"
+    argv = _args(checkpoint, out, "ratio=0.5", extra=["--prompt", PROMPTS[0], "--config", str(pipeline[0]),
+                                                      "--warmup", "0"])
+    assert tome_main(argv) == 0
+    doc = json.loads((out / "compare.json").read_text())
+    assert doc["pipeline"] == "StableDiffusionPipeline" and doc["config"] == str(pipeline[0].resolve())
+    single = np.asarray(PIL_Image.open(out / "compare.png").convert("RGB"))
+    folder = np.asarray(PIL_Image.open(compared[0] / "compare.png").convert("RGB"))
+    cw, _ = cell_size(64, 64)
+    left = (cw - 64) // 2
+    for column, folder_column in ((0, 0), (1, 2)):  # plain, ratio=0.5
+        assert np.array_equal(single[:64, column * cw + left:][:, :64], folder[:64, folder_column * cw + left:][:, :64])
+
+
+def test_what_is_not_a_pipeline_or_a_prompt_is_refused(pipeline, tmp_path, capsys):
+    (tmp_path / "model.ckpt").write_bytes(b"")
+    (tmp_path / "broken.safetensors").write_bytes(b"not a header")
+    cases = {
+        tmp_path / "model.ckpt": "a diffusers pipeline folder (with model_index.json) or a single-file .safetensors "
+                                 "checkpoint expected",
+        tmp_path / "broken.safetensors": "broken.safetensors: not a readable .safetensors checkpoint",
+    }
+    for model, message in cases.items():
+        assert tome_main(_args(model, tmp_path / "o", "ratio=0.5", extra=["--prompt", "x"])) == 2
+        assert message in capsys.readouterr().err
+    assert tome_main(_args(pipeline[0], tmp_path / "o", "ratio=0.5", extra=["--prompt", "x", "--config", "."])) == 2
+    assert "--config is for a single-file checkpoint" in capsys.readouterr().err
     assert tome_main(_args(tmp_path, tmp_path / "o", "ratio=0.5")) == 2
     assert "no prompt: give --prompt TEXT" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_without_diffusers_the_command_says_what_to_install(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "diffusers", None)  # import diffusers raises ImportError
+    assert tome_main(_args(tmp_path, tmp_path / "o", "ratio=0.5", extra=["--prompt", "x"])) == 2
+    assert "renders with diffusers, which does not import here" in capsys.readouterr().err
 
 
 def test_settings_are_typed_as_apply_patch_takes_them():

@@ -16,6 +16,7 @@ import sys
 import time
 import typing
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -25,14 +26,11 @@ import torch
 from . import apply_patch, describe, remove_patch
 from ._version import __version__
 from .compare_images import Cell, grid, metric_text, psnr, ssim
+from .compare_load import CompareError, load_pipeline
 
 PLAIN = "plain"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-class CompareError(Exception):
-    """A request the command cannot run; main prints it and exits with status 2."""
 
 
 def setting_types() -> Dict[str, Any]:
@@ -132,27 +130,6 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"{device.type} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-def load_pipeline(folder: str, device: torch.device, dtype: torch.dtype) -> Any:
-    """A diffusers pipeline from a local folder (``save_pretrained``'s layout), nothing downloaded.
-
-    A safety checker, if the pipeline has one, is not loaded: an image it blacks out would make the comparison
-    meaningless.
-    """
-    path = Path(folder)
-    index = path / "model_index.json"
-    if not index.is_file():
-        hint = (" (a single-file checkpoint: convert it once with diffusers, see --help)"
-                if path.suffix in (".safetensors", ".ckpt") else "")
-        raise CompareError(f"{folder}: a diffusers pipeline folder with a model_index.json expected{hint}")
-    import diffusers
-
-    extra = {"safety_checker": None} if "safety_checker" in json.loads(index.read_text(encoding="utf-8")) else {}
-    pipe = diffusers.DiffusionPipeline.from_pretrained(str(path), local_files_only=True, dtype=dtype, **extra)
-    pipe.to(device)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def _sync(device: torch.device) -> None:
@@ -275,12 +252,12 @@ Render each prompt plain and with each ToMe setting, from the same seed, on your
 device; write an image grid (plain beside each setting: time per image, speed-up, PSNR/SSIM to plain) and a
 JSON of every number.
 
-MODEL is a local diffusers pipeline folder (save_pretrained's layout, with model_index.json); nothing is
-downloaded. A single-file checkpoint (.safetensors) is not read directly: convert it once with diffusers, e.g.
-  python -c "from diffusers import StableDiffusionPipeline as P; \\
-             P.from_single_file('model.safetensors').save_pretrained('model_dir')"
-(StableDiffusionXLPipeline for SDXL; diffusers reads the model's config files from the Hugging Face cache or
-fetches them, a few kB, that once). A safety checker, if the pipeline has one, is not loaded."""
+MODEL is a local diffusers pipeline folder (save_pretrained's layout, with model_index.json), loaded with
+local_files_only: nothing is downloaded. Or a single-file .safetensors checkpoint (SD1.x/2.x, SDXL: the files of
+a WebUI's or ComfyUI's models folder), loaded with from_single_file: --config DIR names a local diffusers
+folder of the same model type for its configs (nothing is downloaded then); without it, diffusers looks up
+that type's configs in the Hugging Face cache and, where they are missing, fetches them (a few kB, once).
+A safety checker, if the pipeline has one, is not loaded."""
 
 EPILOG = """\
 a setting is tome_core.apply_patch's keyword arguments, e.g.
@@ -296,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tome_core compare", description=DESCRIPTION,
         epilog=EPILOG.format(keys=", ".join(setting_types())), formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="a local diffusers pipeline folder")
+    parser.add_argument("model", help="a local diffusers pipeline folder or a .safetensors checkpoint")
+    parser.add_argument("--config", default=None, metavar="DIR",
+                        help="for a .safetensors checkpoint: a local diffusers folder of its model type (configs)")
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     parser.add_argument("--prompts", action="append", default=[], metavar="FILE", help="a file of prompts, one a line")
     parser.add_argument("--negative", default=None, help="a negative prompt for every image")
@@ -316,18 +295,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def report(runs: Sequence[Run], prompts: Sequence[str], args: argparse.Namespace, device: torch.device,
-           dtype: torch.dtype) -> dict:
+def report(pipe: Any, runs: Sequence[Run], prompts: Sequence[str], args: argparse.Namespace,
+           device: torch.device, dtype: torch.dtype) -> dict:
     """The JSON document of a finished run."""
-    import diffusers
-
     rows, summary = results(runs, prompts)
     return {
-        "model": str(Path(args.model).resolve()), "prompts": list(prompts), "negative_prompt": args.negative,
+        "model": str(Path(args.model).resolve()), "pipeline": type(pipe).__name__,
+        "config": None if args.config is None else str(Path(args.config).resolve()),
+        "prompts": list(prompts), "negative_prompt": args.negative,
         "seed": args.seed, "steps": args.steps, "width": args.width, "height": args.height,
         "guidance_scale": args.guidance, "warmup_images_per_setting": args.warmup,
         "device": str(device), "device_name": device_name(device), "dtype": str(dtype).removeprefix("torch."),
-        "torch": torch.__version__, "diffusers": diffusers.__version__, "tome_core": __version__,
+        "torch": torch.__version__, "diffusers": metadata.version("diffusers"), "tome_core": __version__,
         "commit": git_commit(), "python": platform.python_version(),
         "settings": summary, "images": rows,
     }
@@ -354,7 +333,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 raise CompareError(f"--{name} must be >= {1 if name == 'steps' else 0}, got {getattr(args, name)}")
         device = resolve_device(args.device)
         dtype = resolve_dtype(args.dtype, device)
-        pipe = load_pipeline(args.model, device, dtype)
+        pipe = load_pipeline(args.model, device, dtype, args.config)
         check_settings(pipe, settings)
     except CompareError as e:
         print(f"python -m tome_core compare: error: {e}", file=sys.stderr)
@@ -364,7 +343,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.height, args.width = runs[0].images[0].shape[:2]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = report(runs, prompts, args, device, dtype)
+    doc = report(pipe, runs, prompts, args, device, dtype)
     (out / "compare.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     grid(grid_cells(runs, prompts)).save(out / "compare.png")
     print_summary(doc["settings"])
