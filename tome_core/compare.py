@@ -13,6 +13,7 @@ import math
 import platform
 import subprocess
 import sys
+import textwrap
 import time
 import typing
 from dataclasses import dataclass, field
@@ -272,7 +273,7 @@ example:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tome_core compare", description=DESCRIPTION,
-        epilog=EPILOG.format(keys=", ".join(setting_types())), formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG.format(keys=textwrap.fill(", ".join(setting_types()), 100, subsequent_indent="      ")), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="a local diffusers pipeline folder or a .safetensors checkpoint")
     parser.add_argument("--config", default=None, metavar="DIR",
                         help="for a .safetensors checkpoint: a local diffusers folder of its model type (configs)")
