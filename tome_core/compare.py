@@ -134,8 +134,11 @@ def device_name(device: torch.device) -> str:
 
 
 def _sync(device: torch.device) -> None:
+    """Wait for the device's queued work, so a time covers the image's computation, not its launch."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 def render(pipe: Any, prompt: str, args: argparse.Namespace, device: torch.device) -> tuple:
