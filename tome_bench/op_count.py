@@ -10,7 +10,9 @@ of a sampling step does), and reports the second, and what the first added:
   rest are kernel launches);
 - ``moved_mib``: MiB of the tensors produced by gather / scatter / index ops (an in-place one:
   the tensor written into), the data a merge moves that attention does not;
-- ``host_syncs``: ops that make the host wait for the device (``.item()`` and the like).
+- ``host_syncs``: ops that make the host wait for the device (``.item()`` and the like);
+- ``tome_calls``: Python calls into ``tome_core`` during the forward (``sys.setprofile``): hooks and the
+  functions they call, each paid in full as launch time on a fast GPU, even where ToMe reduces nothing.
 
 Counted under a ``TorchDispatchMode`` below autograd, on whatever device the run uses, along the
 code path a GPU takes (the CPU's matching scores only the sources, see ``merge.match_tokens``; while
@@ -18,6 +20,8 @@ counting, every device takes the GPU's path), so they are the GPU cost's proxy w
 """
 from __future__ import annotations
 
+import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
@@ -25,7 +29,10 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import tome_core
 from tome_core.engine import merge
+
+TOME_CORE_DIR = os.path.dirname(os.path.abspath(tome_core.__file__))
 
 MOVING_OPS = ("gather", "scatter", "index", "take", "masked_select", "put")
 SYNC_OPS = ("_local_scalar_dense", "item", "nonzero", "unique", "_assert_async")
@@ -42,6 +49,7 @@ class OpCount:
     ops: Counter = field(default_factory=Counter)        # op name -> times dispatched
     moved: Counter = field(default_factory=Counter)      # op name -> bytes produced
     syncs: int = 0
+    tome_calls: int = 0  # Python calls into tome_core
 
     @property
     def total(self) -> int:
@@ -85,7 +93,25 @@ def count_ops(fn: Callable[[], torch.Tensor]) -> tuple[OpCount, torch.Tensor]:
             out = fn()
     finally:
         merge.GATHER_SOURCES_ON = device_paths
+    count.tome_calls = count_tome_calls(fn)
     return count, out
+
+
+def count_tome_calls(fn: Callable[[], object]) -> int:
+    """Run ``fn()`` once and count the Python calls it makes into functions defined in ``tome_core``."""
+    calls = [0]
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(TOME_CORE_DIR):
+            calls[0] += 1
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(previous)
+    return calls[0]
 
 
 def row_fields(count: OpCount, first: OpCount, vanilla: OpCount) -> dict:
@@ -95,4 +121,5 @@ def row_fields(count: OpCount, first: OpCount, vanilla: OpCount) -> dict:
             "step_table_ops": first.total - count.total,
             "moved_mib": round(count.moved_mib, 2),
             "moved_mib_added": round(count.moved_mib - vanilla.moved_mib, 2),
-            "host_syncs": count.syncs, "ops_added_by_name": count.added_over(vanilla)}
+            "host_syncs": count.syncs, "tome_calls": count.tome_calls,
+            "ops_added_by_name": count.added_over(vanilla)}

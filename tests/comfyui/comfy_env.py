@@ -50,6 +50,13 @@ def find_comfyui() -> Optional[Path]:
     return root if (root / "execution.py").is_file() else None
 
 
+def comfy_has_wrappers() -> bool:
+    """Whether the ComfyUI under test has model wrappers (comfy/patcher_extension.py, ComfyUI 0.3.x on), through
+    which ToMe times the real model call; older ones time a level's self-attention alone."""
+    root = find_comfyui()
+    return root is not None and (root / "comfy" / "patcher_extension.py").is_file()
+
+
 def require_comfyui(required_flag: str, hint: str) -> Path:
     """The ComfyUI to test against; skips the test when none is installed, or fails when the
     environment variable ``required_flag`` is "1" (CI sets it, so a broken set-up fails loudly)."""

@@ -7,6 +7,8 @@ from tomesd.merge import bipartite_soft_matching_random2d as tomesd_matching
 
 from tome_core import (bipartite_soft_matching, grid_for_tokens, kv_pick_index, kv_pool_window, make_partition,
                        pool_tokens)
+from tome_core import ToMeConfig, TokenMerger
+from tome_core.engine.merge import match_tokens
 from tome_core.engine.plan import partition_seed
 
 
@@ -142,3 +144,41 @@ def test_kv_picks_are_shared_within_a_step_and_redrawn_across_steps():
     fixed = TokenMerger(ToMeConfig(ratio=0.75, mode="kv", use_rand=False))
     assert torch.equal(fixed.plan(hidden, (32, 32), step_key=999.0).reduce_kv(hidden),
                        fixed.plan(hidden, (32, 32), step_key=979.0).reduce_kv(hidden))
+
+
+def test_step_choice_is_the_same_for_a_value_and_its_tensor_and_varies_with_step_and_seed():
+    from tome_core.engine.plan import STEP_CANDIDATES, step_choice
+
+    steps = [999.0 - 50 * i for i in range(20)] + [14.61, 0.029]
+    for step in steps:
+        as_tensor = step_choice(torch.tensor([step, step]), seed=3)
+        assert as_tensor.dtype == torch.long and as_tensor.shape == (1,)
+        assert int(as_tensor) == step_choice(step, seed=3) == step_choice(torch.tensor(step), seed=3)
+    choices = [step_choice(step, seed=3) for step in steps]
+    assert all(0 <= c < STEP_CANDIDATES for c in choices) and len(set(choices)) >= STEP_CANDIDATES // 2
+    assert choices != [step_choice(step, seed=4) for step in steps]
+
+
+def test_a_step_tensor_draws_its_partition_on_its_device_without_a_host_read():
+    merger = TokenMerger(ToMeConfig(ratio=0.5, seed=2))
+    from_float = merger.table((16, 16), 979.0, torch.device("cpu"))
+    from_tensor = TokenMerger(ToMeConfig(ratio=0.5, seed=2)).table((16, 16), torch.tensor([979.0, 979.0]),
+                                                                      torch.device("cpu"))
+    assert torch.equal(from_float.dst_idx, from_tensor.dst_idx) and torch.equal(from_float.base_slot,
+                                                                                from_tensor.base_slot)
+    other = merger.table((16, 16), 999.0, torch.device("cpu"))
+    assert not torch.equal(other.dst_idx, from_float.dst_idx)
+
+
+def test_matching_compiles_whole_through_the_opaque_slot_op():
+    """Under torch.compile the int64 slot arithmetic runs as torch.ops.tome.match_slots (inductor's CUDA code
+    generation failed on it fused); the CPU's inductor compiles the matching in one graph, equal to eager."""
+    partition = make_partition(8, 8, 2, 2)
+    x = torch.randn(2, 64, 16, generator=torch.Generator().manual_seed(0))
+
+    def merged(tokens):
+        merge, unmerge = match_tokens(tokens, partition, 24).functions()
+        return unmerge(merge(tokens) * 2)
+
+    compiled = torch.compile(merged, fullgraph=True)
+    assert torch.allclose(compiled(x), merged(x), atol=1e-6)

@@ -52,7 +52,7 @@ def patched_run(unet, inputs, **options):
 
 def forced(speedups: dict, calls: list):
     """A timer giving ``speedups[grid]`` (default 2.0) and recording what it was asked to time."""
-    def timer(config, shape, device, dtype):
+    def timer(config, shape, device, dtype, run=None):
         calls.append(shape)
         return speedups.get(shape.grid, 2.0)
     return timer
@@ -73,7 +73,7 @@ def test_a_level_measured_slower_is_left_whole_and_the_output_is_vanilla(unet, i
     out, text = patched_run(unet, inputs, ratio=0.5, speed_check="on")
     assert torch.equal(out, vanilla)
     assert [shape.grid for shape in calls] == [(16, 16)] and calls[0].blocks == 5 and calls[0].batch == 2
-    assert "level 1 (16x16 tokens, 5 blocks) at 128x128 px: left whole: merging measured 0.86x on cpu" in text
+    assert "level 1 (16x16 tokens, 5 blocks) at 128x128 px: left whole: the model call with merging measured 0.86x on cpu" in text
 
 
 def test_a_level_measured_faster_is_reduced_as_without_the_check(unet, inputs, monkeypatch):
@@ -81,7 +81,7 @@ def test_a_level_measured_faster_is_reduced_as_without_the_check(unet, inputs, m
     plain, _ = patched_run(unet, inputs, ratio=0.5)
     checked, text = patched_run(unet, inputs, ratio=0.5, speed_check="on")
     assert torch.equal(checked, plain) and not torch.equal(checked, forward(unet, inputs))
-    assert "level 1 (16x16 tokens, 5 blocks) at 128x128 px: reduced: merging measured 1.31x on cpu" in text
+    assert "level 1 (16x16 tokens, 5 blocks) at 128x128 px: reduced: the model call with merging measured 1.31x on cpu" in text
 
 
 def test_levels_are_decided_apart_and_each_shape_is_timed_once(unet, inputs, monkeypatch):
@@ -96,7 +96,7 @@ def test_levels_are_decided_apart_and_each_shape_is_timed_once(unet, inputs, mon
     tome_core.remove_patch(unet)
     assert sorted(shape.grid for shape in calls) == [(8, 8), (16, 16)]  # cached for the process
     assert lines[1].startswith("level 1 (16x16 tokens") and "left whole" in lines[1]
-    assert lines[2].startswith("level 2 (8x8 tokens") and "reduced: merging measured 1.20x" in lines[2]
+    assert lines[2].startswith("level 2 (8x8 tokens") and "reduced: the model call with merging measured 1.20x" in lines[2]
     tome_core.apply_patch(unet, ratio=0.5, max_downsample=2)
     both = forward(unet, inputs)
     tome_core.remove_patch(unet)
@@ -120,7 +120,7 @@ def test_off_is_tomesd_behaviour_and_kv_is_checked_too(unet, inputs, monkeypatch
     assert calls == [] and "speed check off" in text
     out, text = patched_run(unet, inputs, ratio=0.5, mode="kv", speed_check="on")
     vanilla = forward(unet, inputs)
-    assert torch.equal(out, vanilla) and "left whole: kv measured 0.50x" in text
+    assert torch.equal(out, vanilla) and "left whole: the model call with kv measured 0.50x" in text
 
 
 def test_bad_speed_check_and_matching_are_refused_before_patching(unet):
@@ -166,3 +166,20 @@ def test_level_matching_is_the_identity_at_ratio_zero_and_after_removal(unet, in
     merged = forward(unet, inputs)
     tome_core.remove_patch(unet)
     assert not torch.equal(merged, vanilla) and torch.equal(forward(unet, inputs), vanilla)
+
+
+def test_the_speed_check_times_the_real_model_call_where_the_host_can_repeat_it(unet, inputs):
+    """diffusers/WebUI hooks repeat the call in progress: a warm-up and CALL_ROUNDS rounds, whole then with the
+    level reduced, and the verdict says it timed the model call; the call's own output is ToMe's as without it."""
+    calls = []
+    handle = unet.conv_in.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        out, text = patched_run(unet, inputs, ratio=0.5, speed_check="on")
+        again, _ = patched_run(unet, inputs, ratio=0.5, speed_check="on")  # the verdict is cached
+    finally:
+        handle.remove()
+    assert len(calls) == 1 + 2 * (1 + speed_check.CALL_ROUNDS) + 1
+    assert "level 1 (16x16 tokens, 5 blocks) at 128x128 px: " in text and "the model call with merging measured" in text
+    reduced = "reduced: the model call" in text
+    plain, _ = patched_run(unet, inputs, ratio=0.5)
+    assert torch.equal(out, plain if reduced else forward(unet, inputs)) and torch.equal(again, out)

@@ -47,8 +47,8 @@ def _width_and_heads(block: torch.nn.Module) -> Tuple[int, int]:
     return int(channels), int(getattr(attention, "heads", 1) or 1)
 
 
-def attention_levels(unet: torch.nn.Module) -> Dict[int, Level]:
-    """Each attention level of a UNet by its latent downsampling, found from the module tree.
+def level_blocks(unet: torch.nn.Module) -> Dict[int, list]:
+    """The transformer blocks of each attention level of a UNet, by latent downsampling, in execution order.
 
     Walks the stages in execution order (down path, middle, up path): a stage's blocks sit at the
     resolution it receives; a stage with a downsampler halves it after them, one with an
@@ -69,7 +69,12 @@ def attention_levels(unet: torch.nn.Module) -> Dict[int, Level]:
             downsample *= 2
         elif _has_upsampler(stage):
             downsample = max(1, downsample // 2)
-    return {ds: Level(ds, len(blocks), *_width_and_heads(blocks[0])) for ds, blocks in sorted(found.items())}
+    return dict(sorted(found.items()))
+
+
+def attention_levels(unet: torch.nn.Module) -> Dict[int, Level]:
+    """Each attention level of a UNet by its latent downsampling (``level_blocks``): its blocks, width, heads."""
+    return {ds: Level(ds, len(blocks), *_width_and_heads(blocks[0])) for ds, blocks in level_blocks(unet).items()}
 
 
 def _levels_in_order(unet: torch.nn.Module) -> Iterable[torch.nn.Module]:

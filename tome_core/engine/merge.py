@@ -167,15 +167,52 @@ def match_tokens(metric: torch.Tensor, partition: Partition, r: int,
         else:
             node_max, node_idx = best_destinations(metric, dst)
             merged = (node_max + partition.dst_mask).topk(r, dim=-1, sorted=False).indices  # [B, r] positions
-        is_merged = torch.zeros(batch, n_tokens, dtype=torch.bool, device=metric.device).scatter_(1, merged, True)
-        unmerged = partition.is_src.masked_fill(is_merged, 0)  # [B, N] 1 at sources that stay
-        slot = torch.where(is_merged, node_idx, partition.base_slot + unmerged.cumsum(dim=1) * unmerged)
-        flat_slot = (slot + torch.arange(0, batch * num_out, num_out, device=slot.device).view(-1, 1)).view(-1)
-        counts = torch.zeros(batch * num_out, 1, dtype=torch.float32, device=slot.device)
-        counts.index_add_(0, flat_slot, torch.ones(batch * n_tokens, 1, device=slot.device))
+        slots = torch.ops.tome.match_slots if torch.compiler.is_compiling() else match_slots
+        slot, flat_slot, inverse_counts = slots(merged, node_idx, partition.base_slot, partition.is_src, num_out)
     return Matching(shape=(batch, n_tokens, num_out), slot=slot,
                     scatter_index=flat_slot.view(-1, 1).expand(-1, channels),
-                    inverse_counts=counts.reciprocal_().to(metric.dtype), flat_slot=flat_slot)
+                    inverse_counts=inverse_counts.to(metric.dtype), flat_slot=flat_slot)
+
+
+def match_slots(merged: torch.Tensor, node_idx: torch.Tensor, base_slot: torch.Tensor, is_src: torch.Tensor,
+                num_out: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each token's place in the merged sequence, from the merged sources and their destinations.
+
+    merged: [B, r] positions merged away; node_idx: [B, N] each token's best destination; base_slot, is_src:
+    the partition's. Returns (slot [B, N], flat_slot [B * N] = slot + batch offset, inverse_counts [B * N', 1]
+    float32). Under torch.compile this runs as one opaque op (``torch.ops.tome.match_slots``): inductor's CUDA
+    code generation failed on this int64 arithmetic fused into one kernel ("list indices must be integers or
+    slices, not NoneType", torch 2.11), while eager kernels and the CPU's inductor handled it.
+    """
+    batch, n_tokens = node_idx.shape
+    is_merged = torch.zeros(batch, n_tokens, dtype=torch.bool, device=node_idx.device).scatter_(1, merged, True)
+    unmerged = is_src.masked_fill(is_merged, 0)  # [B, N] 1 at sources that stay
+    slot = torch.where(is_merged, node_idx, base_slot + unmerged.cumsum(dim=1) * unmerged)
+    flat_slot = (slot + torch.arange(0, batch * num_out, num_out, device=slot.device).view(-1, 1)).view(-1)
+    counts = torch.zeros(batch * num_out, 1, dtype=torch.float32, device=slot.device)
+    counts.index_add_(0, flat_slot, torch.ones(batch * n_tokens, 1, device=slot.device))
+    return slot, flat_slot, counts.reciprocal_()
+
+
+def _register_match_slots() -> None:
+    """``match_slots`` as the custom op torch.ops.tome.match_slots (once per process: a second copy of this
+    package, as a host may import it under two names, reuses the first's)."""
+    if hasattr(torch.ops.tome, "match_slots"):
+        return
+
+    @torch.library.custom_op("tome::match_slots", mutates_args=())
+    def _op(merged: torch.Tensor, node_idx: torch.Tensor, base_slot: torch.Tensor, is_src: torch.Tensor,
+            num_out: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return match_slots(merged, node_idx, base_slot, is_src, num_out)
+
+    @_op.register_fake
+    def _(merged, node_idx, base_slot, is_src, num_out):
+        batch, n_tokens = node_idx.shape
+        return (node_idx.new_empty(batch, n_tokens), node_idx.new_empty(batch * n_tokens),
+                node_idx.new_empty(batch * num_out, 1, dtype=torch.float32))
+
+
+_register_match_slots()
 
 
 def bipartite_soft_matching(metric: torch.Tensor, partition: Partition, r: int) -> Tuple[TokenFn, TokenFn]:

@@ -19,7 +19,8 @@ import torch
 from .config import ToMeConfig
 from .levels import Level, grid_for_tokens
 from .speed_check import Verdict, verdict
-from .merge import Partition, TokenFn, do_nothing, kv_pick_index, kv_pool_window, make_partition, match_tokens, pool_tokens
+from .merge import (Partition, TokenFn, do_nothing, kv_pick_index, kv_pool_window, make_partition, match_tokens,
+                    pool_tokens, to_device)
 
 log = logging.getLogger("tome_core")
 
@@ -39,6 +40,7 @@ class TokenPlan:
 
 
 IDENTITY_PLAN = TokenPlan()
+RunLevel = Callable[[Tuple[int, int], int, bool], None]  # (grid, downsample, reduced): one real model call
 WHOLE = "tome: level left whole"  # a call's table for a level the speed check leaves whole (a str: traceable)
 
 
@@ -99,11 +101,13 @@ class TokenMerger:
         self.listeners: List[Callable[[List[str]], None]] = []
         self._partitions: Dict[Tuple, Partition] = {}
         self._kv_indices: Dict[Tuple, torch.Tensor] = {}
+        self._layouts: Dict[Tuple, List[Tuple[Tuple[int, int], int, bool]]] = {}
+        self._step: Tuple[Any, Any] = (None, 0)  # the last step tensor and its step_choice
         self._warned_grid = False
         # The config is frozen, so mode "kv"'s pooling window is the same for every block and step.
         self._kv_window = kv_pool_window(config.ratio, config.sx, config.sy)
 
-    def plan(self, hidden: torch.Tensor, latent_hw: Tuple[int, int], step_key: float = 0.0,
+    def plan(self, hidden: torch.Tensor, latent_hw: Tuple[int, int], step_key: Any = 0.0,
              progress: Optional[float] = None) -> TokenPlan:
         """hidden: [B, N, C] block input; latent_hw: the UNet input's (H, W); step_key: timestep or sigma."""
         if not self.config.in_schedule(progress):
@@ -141,7 +145,7 @@ class TokenMerger:
         """Whether plans depend on the step: only random partitions (use_rand) do."""
         return self.config.use_rand and not (self.config.mode == "kv" and self.config.kv_downsample == "avg")
 
-    def plan_at(self, hidden: torch.Tensor, grid: Tuple[int, int], step_key: float = 0.0,
+    def plan_at(self, hidden: torch.Tensor, grid: Tuple[int, int], step_key: Any = 0.0,
                 latent_hw: Optional[Tuple[int, int]] = None) -> TokenPlan:
         """The plan of a block whose level ``grid`` (from ``grid``) ToMe acts on, at ``step_key``.
 
@@ -152,15 +156,22 @@ class TokenMerger:
         return self.plan_with(hidden, grid, self.table(grid, step_key, hidden.device))
 
     def pays(self, latent_hw: Tuple[int, int], grid: Tuple[int, int], batch: int, dtype: torch.dtype,
-             device: torch.device) -> bool:
-        """Whether reducing the level of ``grid`` pays (speed_check; True when it is off or the level unknown)."""
+             device: torch.device, run_level: Optional[RunLevel] = None) -> bool:
+        """Whether reducing the level of ``grid`` pays (speed_check; True when it is off or the level unknown).
+
+        run_level(grid, downsample, reduced): one real model call with that level reduced or with nothing
+        reduced, from a host that can repeat the call in progress; the speed check then times those calls
+        (what the user gets), else the level's self-attention alone.
+        """
         if self.config.speed_check == "off":
             return True
         downsample = next((ds for ds in sorted(self.levels) if tuple(grid) in
                            {(r(latent_hw[0] / ds), r(latent_hw[1] / ds)) for r in (math.ceil, math.floor)}), None)
         if downsample is None:
             return True
-        found = verdict(self.config, self.levels[downsample], grid, batch, dtype, device, self.timer)
+        run = None if run_level is None else (lambda reduced: run_level(grid, downsample, reduced))
+        model = (tuple(latent_hw), tuple(self.levels.values())) if run is not None else None
+        found = verdict(self.config, self.levels[downsample], grid, batch, dtype, device, self.timer, run, model)
         key, entry = (tuple(latent_hw), downsample), (tuple(grid), found)
         if self.verdicts.get(key) != entry:
             self.verdicts[key] = entry
@@ -192,40 +203,61 @@ class TokenMerger:
                          f"{8 * width}x{8 * height} px: {found.text(self.config.mode)}")
         return lines
 
-    def table(self, grid: Tuple[int, int], step_key: float, device: torch.device) -> Any:
+    def table(self, grid: Tuple[int, int], step_key: Any, device: torch.device) -> Any:
         """The per-step choice of one level: its partition (merge), kept indices (kv nearest) or None (kv avg)."""
         h, w = grid
         if self.config.mode != "kv":
             return self._partition(h, w, step_key, device)
         return None if self.config.kv_downsample == "avg" else self._kv_index(h, w, step_key, device)
 
-    def call_table(self, grid: Tuple[int, int], step_key: float, device: torch.device, downsample: int = 0) -> Any:
+    def call_table(self, grid: Tuple[int, int], step_key: Any, device: torch.device, downsample: int = 0) -> Any:
         """``table`` for one model call: with matching "level", wrapped so the call's blocks share one matching."""
         table = self.table(grid, step_key, device)
         shared = self.config.mode == "merge" and self.config.matching == "level"
         level = self.levels.get(downsample)
         return LevelMatching(table, level.blocks if level is not None else 0) if shared else table
 
-    def step_tables(self, latent_hw: Tuple[int, int], step_key: float, device: torch.device,
-                    batch: int = 0, dtype: Optional[torch.dtype] = None) -> Dict[Tuple[int, int], Any]:
+    def step_tables(self, latent_hw: Tuple[int, int], step_key: Any, device: torch.device,
+                    batch: int = 0, dtype: Optional[torch.dtype] = None,
+                    run_level: Optional[RunLevel] = None) -> Dict[Tuple[int, int], Any]:
         """``table`` of every level grid ToMe may act on for this latent, built once per model call.
 
         A host calls this where it reads the step (outside any compiled region) and the blocks
         then only look their grid up: the step's float and the seeded generator never reach
         traced code, so torch.compile neither breaks the graph there nor recompiles per step.
-        batch, dtype: of the model call, for the speed check (a level it leaves whole gets ``WHOLE``).
+        step_key may be the step's device tensor (``step_choice``: nothing is read on the host).
+        batch, dtype: of the model call, for the speed check (a level it leaves whole gets ``WHOLE``);
+        run_level: see ``pays``.
         """
-        config, (height, width) = self.config, latent_hw
         tables: Dict[Tuple[int, int], Any] = {}
-        downsample = 1
+        for grid, downsample, pays in self.call_layout(latent_hw, device, batch, dtype, run_level):
+            tables[grid] = self.call_table(grid, step_key, device, downsample) if pays else WHOLE
+        return tables
+
+    def call_layout(self, latent_hw: Tuple[int, int], device: torch.device, batch: int = 0,
+                    dtype: Optional[torch.dtype] = None,
+                    run_level: Optional[RunLevel] = None) -> List[Tuple[Tuple[int, int], int, bool]]:
+        """(grid, downsample, whether reducing it pays) of every level grid ToMe may act on for this latent, in
+        depth order; worked out (and the speed check run) once per latent size, batch, dtype and device."""
+        key = (tuple(latent_hw), batch, dtype, str(device))
+        layout = self._layouts.get(key)
+        if layout is not None:
+            return layout
+        config, (height, width) = self.config, latent_hw
+        layout, seen = [], set()
+        downsample = 1 if config.enabled and not (config.mode == "kv" and self._kv_window == (1, 1)) else 1 << 30
         while downsample <= config.max_downsample * self.base_downsample:
             for rounding in (math.ceil, math.floor):
                 grid = (rounding(height / downsample), rounding(width / downsample))
-                if min(grid) >= 1 and grid not in tables and grid[0] * grid[1] >= config.min_tokens:
-                    pays = dtype is None or self.pays(latent_hw, grid, batch, dtype, device)
-                    tables[grid] = self.call_table(grid, step_key, device, downsample) if pays else WHOLE
+                if min(grid) >= 1 and grid not in seen and grid[0] * grid[1] >= config.min_tokens:
+                    seen.add(grid)
+                    layout.append((grid, downsample, dtype is None or
+                                   self.pays(latent_hw, grid, batch, dtype, device, run_level)))
             downsample *= 2
-        return tables
+        if len(self._layouts) >= _MAX_CACHED_PARTITIONS:
+            self._layouts.clear()
+        self._layouts[key] = layout
+        return layout
 
     def plan_with(self, hidden: torch.Tensor, grid: Tuple[int, int], table: Any) -> TokenPlan:
         """The plan of a block on level ``grid`` from that level's ``table`` (see ``table``)."""
@@ -248,39 +280,117 @@ class TokenMerger:
         merge, unmerge = matching.functions()
         return TokenPlan(active=True, merge=merge, unmerge=unmerge)
 
-    def _kv_index(self, h: int, w: int, step_key: float, device: torch.device) -> torch.Tensor:
+    def _kv_index(self, h: int, w: int, step_key: Any, device: torch.device) -> torch.Tensor:
         def build(generator: Optional[torch.Generator]) -> torch.Tensor:
             py, px = self._kv_window
             choice = None if generator is None else torch.rand((2, -(-h // py), -(-w // px)), generator=generator)
-            return kv_pick_index(h, w, self._kv_window, choice, device)
+            return kv_pick_index(h, w, self._kv_window, choice)
 
         return self._per_step(self._kv_indices, h, w, step_key, device, build)
 
-    def _partition(self, h: int, w: int, step_key: float, device: torch.device) -> Partition:
+    def _partition(self, h: int, w: int, step_key: Any, device: torch.device) -> Partition:
         config = self.config
 
         def build(generator: Optional[torch.Generator]) -> Partition:
             cell_choice = None if generator is None else torch.randint(
                 config.sx * config.sy, (h // config.sy, w // config.sx), generator=generator)
-            return make_partition(h, w, config.sx, config.sy, cell_choice, device)
+            return make_partition(h, w, config.sx, config.sy, cell_choice)
 
         return self._per_step(self._partitions, h, w, step_key, device, build)
 
-    def _per_step(self, cache: Dict[Tuple, Any], h: int, w: int, step_key: float, device: torch.device,
+    def _per_step(self, cache: Dict[Tuple, Any], h: int, w: int, step_key: Any, device: torch.device,
                   build: Callable[[Optional[torch.Generator]], Any]) -> Any:
-        """``build(generator)`` once per grid, device and (with use_rand) step; generator None without use_rand.
-
-        The generator is seeded from (seed, step, grid), so every block of a level, both CFG halves and
-        cond/uncond evaluated in separate calls at one step draw the same choice.
+        """The table of grid (h, w) at this step: ``build(None)`` without use_rand; with it, one of
+        ``STEP_CANDIDATES`` tables built once per grid and device from generators seeded by (seed, candidate,
+        grid), the one ``step_choice`` hashes the step to. step_key may be a device tensor: it is hashed on
+        its device and the candidate picked there, so no step value is ever read on the host.
         """
         config = self.config
-        key = (h, w, float(step_key) if config.use_rand else None, str(device))
-        value = cache.get(key)
-        if value is None:
-            generator = None
-            if config.use_rand:
-                generator = torch.Generator().manual_seed(partition_seed(config.seed, step_key, h, w))
+        key = (h, w, str(device))
+        stacked = cache.get(key)
+        if stacked is None:
             if len(cache) >= _MAX_CACHED_PARTITIONS:
                 cache.clear()
-            value = cache[key] = build(generator)
-        return value
+            if not config.use_rand:
+                stacked = cache[key] = Candidates.of([build(None)], device)
+            else:
+                stacked = cache[key] = Candidates.of([
+                    build(torch.Generator().manual_seed(partition_seed(config.seed, float(k), h, w)))
+                    for k in range(STEP_CANDIDATES)], device)
+        if not config.use_rand:
+            return stacked.pick(0)
+        if isinstance(step_key, torch.Tensor):
+            if step_key.device != stacked.device:
+                step_key = float(step_key.detach().reshape(-1).max())  # a step held on the host: no device read
+            elif step_key is not self._step[0]:  # hashed once per step tensor (a model call's blocks share it)
+                self._step = (step_key, step_choice(step_key, config.seed))
+        return stacked.pick(self._step[1] if step_key is self._step[0] else step_choice(step_key, config.seed))
+
+
+STEP_CANDIDATES = 16  # seeded tables per grid; each step uses the one its step value hashes to
+_PRIME = 2147483647  # 2**31 - 1
+
+
+def _mix(x: Any, seed_mix: int, count: int) -> Any:
+    """Hash x in [0, 2**24) (an int or a long tensor alike) into [0, count): one multiply-add modulo a prime
+    (products stay below 2**56, so int64 never overflows), then modulo ``count``."""
+    return ((x * 1583458089 + seed_mix) % _PRIME) % count
+
+
+def step_choice(step: Any, seed: int, count: int = STEP_CANDIDATES) -> Any:
+    """Which of ``count`` seeded candidates a step draws, from the step's value (a timestep or a sigma, the
+    largest of a batch's) rounded to 1/1024 in float32 and hashed with the seed.
+
+    step: a tensor -> a [1] long tensor on its device, computed there (never read: no host sync);
+    a number -> an int. Both give the same choice for the same value, so the same seed and step draw the
+    same table on any device and in every call of the step (both CFG halves, cond and uncond apart).
+    """
+    seed_mix = partition_seed(seed, 0.0, 0, 0) % _PRIME
+    if isinstance(step, torch.Tensor):
+        value = step.detach().reshape(-1).amax(0, keepdim=True).float()
+        return _mix((value * 1024.0).round().long() & 0xFFFFFF, seed_mix, count)
+    value = struct.unpack("<f", struct.pack("<f", float(step)))[0]  # float32, as the tensor path rounds it
+    return _mix(int(round(value * 1024.0)) & 0xFFFFFF, seed_mix, count)
+
+
+class Candidates:
+    """A grid's seeded tables (a kv index [M] or a ``Partition``), stacked on the device so that a step picks
+    one with a single ``index_select`` per tensor kind, by an index that may itself live on the device."""
+
+    __slots__ = ("device", "longs", "floats", "sizes", "last")
+
+    def __init__(self, device: torch.device, longs: torch.Tensor, floats: Optional[torch.Tensor],
+                 sizes: Optional[Tuple[int, ...]]) -> None:
+        self.device, self.longs, self.floats, self.sizes = device, longs, floats, sizes
+        self.last: Tuple[Any, Any] = (None, None)  # the last choice and its table: blocks of a call share it
+
+    @classmethod
+    def of(cls, tables: List[Any], device: torch.device) -> "Candidates":
+        device = torch.device(device)
+        if isinstance(tables[0], torch.Tensor):
+            return cls(device, to_device(torch.stack(tables), device), None, None)
+        parts = [(t.dst_idx, t.src_idx, t.base_slot, t.is_src) for t in tables]
+        sizes = tuple(p.numel() for p in parts[0])
+        longs = torch.stack([torch.cat(p) for p in parts])
+        floats = torch.stack([t.dst_mask for t in tables])
+        return cls(device, to_device(longs, device), to_device(floats, device), sizes)
+
+    def pick(self, choice: Any) -> Any:
+        """The table at ``choice`` (an int, or a [1] long tensor on this device)."""
+        last = self.last[0]
+        if choice is last or (isinstance(choice, int) and isinstance(last, int) and choice == last):
+            return self.last[1]
+        table = self._pick(choice)
+        self.last = (choice, table)
+        return table
+
+    def _pick(self, choice: Any) -> Any:
+        if isinstance(choice, int):
+            longs, floats = self.longs[choice], (None if self.floats is None else self.floats[choice])
+        else:
+            longs = self.longs.index_select(0, choice).view(-1)
+            floats = None if self.floats is None else self.floats.index_select(0, choice).view(-1)
+        if self.sizes is None:
+            return longs
+        dst_idx, src_idx, base_slot, is_src = longs.split(self.sizes)
+        return Partition(dst_idx=dst_idx, src_idx=src_idx, dst_mask=floats, base_slot=base_slot, is_src=is_src)

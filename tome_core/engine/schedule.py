@@ -16,13 +16,11 @@ import torch
 
 
 def timestep_value(timestep: Any) -> Optional[float]:
-    """A timestep argument as a float (a tensor's first element), or None when there is none."""
+    """A timestep argument as a float (a tensor's largest element: rows share a step), or None when there is none."""
     if timestep is None:
         return None
-    if isinstance(timestep, torch.Tensor):
-        if timestep.numel() == 0:
-            return None
-        return float(timestep.detach().reshape(-1)[0])
+    if isinstance(timestep, torch.Tensor):  # the batch's largest: two ops, one host read
+        return None if timestep.numel() == 0 else float(timestep.max())
     return float(timestep)
 
 

@@ -1,14 +1,15 @@
 """Whether reducing a level pays on this device: a short timing, once per device and shape.
 
-On a GPU with fused attention the attention a merge saves can be worth less than the merge
-costs (SD1.5 at 512 px on an H200: merging measured 0.86x), so with ``speed_check`` "auto" (GPUs)
-or "on" (any device) each level is timed once per device and shape before it is reduced, and
-left whole where reducing it would slow the step. The timing stands in the level's self-attention
-at its real shape (batch, tokens, width, heads, dtype) on the real device, with this config's own
-merge or key/value reduction: q/k/v/out projections and ``scaled_dot_product_attention`` (the
-fused kernels hosts use), timed whole against reduced, interleaved, median of a few rounds. The
-verdict is cached for the process, keyed by everything it depends on, so a second model or a
-second sampling run on the same shape does not time again.
+On a fast GPU a step is bound by launching kernels, so what a merge saves in attention can be worth less
+than its own kernels and hooks cost (SD1.5 on an H100: merging slowed the step at 512 px and at 1024 px,
+where attention alone measured 2.51x). With ``speed_check`` "auto" (GPUs) or "on" (any device) each level is
+therefore timed once per device and shape before it is reduced, and left whole where reducing it would slow
+the step. Where the host can repeat the model call in progress (diffusers and WebUI hooks, ComfyUI's model
+wrapper), the real call is timed, whole against that level reduced, interleaved, median of a few rounds:
+what the user gets. Elsewhere (hosts without a per-call hook) the level's self-attention stands in, at its
+real shape with this config's own merge or key/value reduction, and the verdict says so. Verdicts are
+cached for the process, keyed by everything they depend on, so a second sampling run on the same shape
+does not time again.
 
 Pure engine code: it knows no host. Hosts see verdicts through ``TokenMerger.verdicts``.
 """
@@ -30,6 +31,7 @@ __all__ = ["SPEED_CHECKS", "Verdict", "verdict", "forget_verdicts", "measure_spe
 TIMED_BY_AUTO = ("cuda", "xpu", "mps")  # "auto" times on these; the CPU is where merging always paid
 PAYS_ABOVE = 1.0  # reduce iff the measured speed-up of the level's attention exceeds this
 ROUNDS = 5
+CALL_ROUNDS = 3  # interleaved rounds of real model calls (each a whole call and a reduced one)
 
 
 @dataclass(frozen=True)
@@ -50,15 +52,17 @@ class Verdict:
     """Whether a level is reduced, and why: the measured speed-up, or that it was not timed."""
 
     reduce: bool
-    speedup: Optional[float]  # t_whole / t_reduced of the level's self-attention; None: not timed
+    speedup: Optional[float]  # t_whole / t_reduced; None: not timed
     device: str
+    timed: str = "the model call"  # what was timed: the real model call, or the level's self-attention alone
 
     def text(self, mode: str) -> str:
         verb = "merging" if mode == "merge" else "kv"
         if self.speedup is None:
             return f"reduced (not timed on {self.device})"
         state = "reduced" if self.reduce else "left whole"
-        return f"{state}: {verb} measured {self.speedup:.2f}x on {self.device}"
+        what = "the model call" if self.timed == "the model call" else "its self-attention alone"
+        return f"{state}: {what} with {verb} measured {self.speedup:.2f}x on {self.device}"
 
 
 def device_label(device: torch.device) -> str:
@@ -110,12 +114,16 @@ class _Attention:
         return F.linear(out.transpose(1, 2).reshape(batch, -1, channels), wo)
 
 
-def measure_speedup(config: ToMeConfig, shape: LevelShape, device: torch.device, dtype: torch.dtype) -> float:
-    """t_whole / t_reduced of one level's self-attention over its blocks, timed on ``device``.
-
-    Reduced: per block the merge (or key/value reduction), the attention on the fewer tokens and the
-    unmerge, plus the matching (once per level with matching "level", else once per block).
+def measure_speedup(config: ToMeConfig, shape: LevelShape, device: torch.device, dtype: torch.dtype,
+                    run: Optional[Callable[[bool], object]] = None) -> float:
+    """t_whole / t_reduced on ``device``: of the real model call where the host can repeat it (``run``: whole and
+    with the level reduced, interleaved, after one warm-up each, median of ``CALL_ROUNDS``: what the user gets,
+    hooks, launches and the rest of the model included), else of the level's self-attention over its blocks
+    (per block the merge or key/value reduction, the attention on the fewer tokens and the unmerge, plus the
+    matching: once per level with matching "level", else once per block).
     """
+    if run is not None:
+        return _time_calls(run, device)
     from .plan import TokenMerger  # the plan builds the same tables and functions a real step uses
 
     h, w = shape.grid
@@ -150,16 +158,28 @@ def measure_speedup(config: ToMeConfig, shape: LevelShape, device: torch.device,
     return whole / cost
 
 
-Timer = Callable[[ToMeConfig, LevelShape, torch.device, torch.dtype], float]
+def _time_calls(run: Callable[[bool], object], device: torch.device) -> float:
+    whole_s, reduced_s = [], []
+    with torch.no_grad():
+        run(False), run(True)  # warm-up: kernels chosen, caches filled
+        for _ in range(CALL_ROUNDS):
+            whole_s.append(_seconds(lambda: run(False), device))
+            reduced_s.append(_seconds(lambda: run(True), device))
+    return statistics.median(whole_s) / statistics.median(reduced_s)
+
+
+Timer = Callable[..., float]  # (config, shape, device, dtype, run=None) -> speed-up, as measure_speedup
 _VERDICTS: Dict[Tuple, Verdict] = {}  # process-wide: what was measured on a device holds for every model
 
 
 def verdict(config: ToMeConfig, level: Level, grid: Tuple[int, int], batch: int, dtype: torch.dtype,
-            device: torch.device, timer: Optional[Timer] = None) -> Verdict:
+            device: torch.device, timer: Optional[Timer] = None, run: Optional[Callable[[bool], object]] = None,
+            model: Optional[Tuple] = None) -> Verdict:
     """Whether ``config`` reduces ``level`` at ``grid`` for this batch, dtype and device.
 
-    Not timed (reduced) unless ``should_time``; timed once per key, then cached. ``timer`` replaces
-    ``measure_speedup`` (tests force a timing with it).
+    Not timed (reduced) unless ``should_time``; timed once per key, then cached. run(reduced): one real model
+    call with the level reduced or whole (``model`` says which model and latent, for the cache key); without it
+    the level's self-attention stands in. ``timer`` replaces ``measure_speedup`` (tests force a timing with it).
     """
     device = torch.device(device)
     label = device_label(device)
@@ -168,12 +188,12 @@ def verdict(config: ToMeConfig, level: Level, grid: Tuple[int, int], batch: int,
     shape = LevelShape(label, str(dtype).replace("torch.", ""), int(batch), tuple(grid), level.channels,
                        level.heads, level.blocks)
     key = (shape, config.mode, config.ratio, config.sx, config.sy, config.matching, config.kv_downsample,
-           timer)
+           timer, model)
     found = _VERDICTS.get(key)
     if found is None:
-        speedup = (timer or measure_speedup)(config, shape, device, dtype)
+        speedup = (timer or measure_speedup)(config, shape, device, dtype, run=run)
         found = _VERDICTS[key] = Verdict(reduce=speedup > PAYS_ABOVE, speedup=round(float(speedup), 3),
-                                         device=label)
+                                         device=label, timed="the model call" if run is not None else "attention")
     return found
 
 

@@ -1,33 +1,59 @@
 """Installing ToMe on a UNet with PyTorch's own forward hooks (no class swaps, no copied forwards).
 
-The UNet's pre-hook records the latent size and the step; each transformer block's pre-hook makes
-the block's ``TokenPlan`` from its input (the metric tomesd uses); pre-/post-hooks on attn1, attn2
-and ff merge their input and unmerge their output. Every handle is kept in the ``PatchState`` on
-the UNet, so removal mirrors installation exactly.
+The UNet's pre-hook records the latent size and the step, builds the call's per-level tables and attaches
+the block hooks of exactly the levels reduced in this call: a level left whole (speed check, ``min_tokens``),
+a call outside the step window and ratio 0 run no ToMe code in any block (on a GPU each hook is launch
+time). A reduced block's pre-hook makes its ``TokenPlan`` from its input (the metric tomesd uses); pre-/post-
+hooks on attn1, attn2 and ff merge their input and unmerge their output. Every handle is kept in the
+``PatchState`` on the UNet, so removal mirrors installation exactly.
 """
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
 from ...engine.config import ToMeConfig
 from .fused_kv import add_kv_projection
 from .host_caches import Guarded, refuse_caches_inside
-from ...catalogue.unets import attention_base_downsample, attention_levels, transformer_blocks
+from ...catalogue.unets import attention_base_downsample, attention_levels, level_blocks, transformer_blocks
 from ...engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 from ...engine.schedule import UNET_TIMESTEPS, timestep_value
 
 STATE_ATTR = "_tome_core"
 _HIDDEN_NAMES = ("hidden_states", "x")
+_HOOK_REGISTRY = "_diffusers_hook"  # where diffusers keeps a module's hooks (host_caches.py)
 
 
 class Removable(Protocol):
     """A hook handle, or anything else a patch adds that ``remove()`` takes away again."""
 
     def remove(self) -> None: ...
+
+
+class LevelHooks:
+    """The hooks of one UNet level's blocks, registered only while that level is reduced in a model call.
+
+    hooks: (module, hook, kind) with kind "pre" (a pre-hook taking kwargs) or "post" or "post-always".
+    """
+
+    def __init__(self) -> None:
+        self.hooks: List[Tuple[torch.nn.Module, Callable, str]] = []
+        self.handles: List[Removable] = []
+
+    def attach(self) -> None:
+        for module, hook, kind in self.hooks:
+            if kind == "pre":
+                self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+            else:
+                self.handles.append(module.register_forward_hook(hook, always_call=kind == "post-always"))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
 
 
 @dataclass
@@ -39,11 +65,16 @@ class PatchState:
     handles: List[Removable] = field(default_factory=list)
     num_blocks: int = 0
     latent_hw: Optional[Tuple[int, int]] = None
-    step_key: float = 0.0
+    step_key: Any = 0.0  # the step's value, or its tensor (never read on the host: see engine step_choice)
     progress: Optional[float] = None
     active: bool = True  # this model call is inside the step schedule
     tables: Dict[Tuple[int, int], Any] = field(default_factory=dict)  # this call's per-level choices
+    grids: Dict[int, Tuple[int, int]] = field(default_factory=dict)  # tokens -> grid of this call's reduced levels
     guarded: List[Guarded] = field(default_factory=list)  # modules whose tokens ToMe changes (host_caches.py)
+    watched: List[torch.nn.Module] = field(default_factory=list)  # guarded modules and all inside them
+    levels: Dict[int, LevelHooks] = field(default_factory=dict)  # downsample -> its blocks' hooks
+    attached: frozenset = frozenset()  # the downsamples whose hooks are registered now
+    call: Optional[tuple] = None  # (module, args, kwargs) of the model call being planned, for run_level
 
     def plan_for(self, hidden: torch.Tensor) -> TokenPlan:
         """The plan of a block whose input is ``hidden``, in the current model call.
@@ -53,6 +84,9 @@ class PatchState:
         """
         if self.latent_hw is None or not self.active:  # outside the UNet's forward, or off this step
             return IDENTITY_PLAN
+        grid = self.grids.get(hidden.shape[1])
+        if grid is not None:
+            return self.merger.plan_with(hidden, grid, self.tables[grid])
         grid = self.merger.grid(hidden, self.latent_hw)
         if grid is None:
             return IDENTITY_PLAN
@@ -60,7 +94,34 @@ class PatchState:
             return self.merger.plan_with(hidden, grid, self.tables[grid])
         return self.merger.plan_at(hidden, grid, self.step_key, self.latent_hw)  # a grid no level formula predicted
 
+    def attach(self, wanted: frozenset) -> None:
+        """Register the hooks of the levels in ``wanted`` and remove the others' (only what changed)."""
+        for downsample, hooks in self.levels.items():
+            if (downsample in wanted) != (downsample in self.attached):
+                hooks.attach() if downsample in wanted else hooks.remove()
+        self.attached = wanted
+
+    def run_level(self, grid: Tuple[int, int], downsample: int, reduced: bool) -> None:
+        """The model call in progress once more, with the level of ``grid`` reduced or with nothing reduced:
+        what the speed check times (engine ``TokenMerger.pays``). The call's own hooks do not fire again."""
+        module, args, kwargs, device = self.call
+        attached, tables, grids = self.attached, self.tables, dict(self.grids)
+        self.grids.clear()
+        if reduced:
+            self.tables = {grid: self.merger.call_table(grid, self.step_key, device, downsample)}
+            self.grids[grid[0] * grid[1]] = grid
+        self.attach(frozenset({downsample}) if reduced else frozenset())
+        try:
+            with torch.no_grad():
+                module.forward(*args, **kwargs)
+        finally:
+            self.attach(attached)
+            self.tables = tables
+            self.grids.clear()
+            self.grids.update(grids)
+
     def remove(self) -> None:
+        self.attach(frozenset())
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
@@ -95,37 +156,36 @@ def _first_input(args: tuple, kwargs: dict) -> Tuple[Optional[str], torch.Tensor
     raise TypeError(f"ToMe: cannot find the hidden states among {sorted(kwargs)}.")
 
 
-def _replace_first_input(args: tuple, kwargs: dict, name: Optional[str], value: torch.Tensor):
-    if name is None:
-        return (value,) + tuple(args[1:]), kwargs
-    kwargs[name] = value
-    return args, kwargs
-
-
 def _context_argument(attention: torch.nn.Module) -> str:
     """The keyword that feeds an attention module its keys/values: diffusers vs ldm/sgm naming."""
     parameters = inspect.signature(attention.forward).parameters
     return "encoder_hidden_states" if "encoder_hidden_states" in parameters else "context"
 
 
-def _hook_block(block: torch.nn.Module, state: PatchState) -> None:
+def _hook_block(block: torch.nn.Module, state: PatchState, level: LevelHooks) -> None:
+    """Add one block's hooks to its level's (registered while the level is reduced; see ``PatchState.attach``)."""
     config = state.config
     current: List[TokenPlan] = [IDENTITY_PLAN]  # the plan of this block's running forward
+    grids, merger = state.grids, state.merger
 
     def make_plan(module, args, kwargs):
         if config.merge_mlp and getattr(module, "_chunk_size", None):
             raise RuntimeError("ToMe: merge_mlp cannot be combined with diffusers' feed-forward chunking; "
                                "call unet.disable_forward_chunking() or use merge_mlp=False.")
-        _, hidden = _first_input(args, kwargs)
-        current[0] = state.plan_for(hidden)
+        hidden = args[0] if args else _first_input(args, kwargs)[1]
+        grid = grids.get(hidden.shape[1])
+        current[0] = state.plan_for(hidden) if grid is None else merger.plan_with(hidden, grid, state.tables[grid])
         return None
 
     def merge_input(module, args, kwargs):
         plan = current[0]
         if not plan.active:
             return None
+        if args:
+            return (plan.merge(args[0]),) + tuple(args[1:]), kwargs
         name, hidden = _first_input(args, kwargs)
-        return _replace_first_input(args, kwargs, name, plan.merge(hidden))
+        kwargs[name] = plan.merge(hidden)
+        return args, kwargs
 
     def unmerge_output(module, args, output):
         plan = current[0]
@@ -133,23 +193,22 @@ def _hook_block(block: torch.nn.Module, state: PatchState) -> None:
 
     if config.mode == "kv":
         if config.merge_attn:
-            _hook_kv(block.attn1, state)
+            _hook_kv(block.attn1, state, level)
         return
+
     def forget_plan(module, args, output):
         # The plan holds this call's tensors; dropping it after the block also leaves torch.compile
         # nothing made inside the graph to write back into ``current`` (a graph break otherwise).
         current[0] = IDENTITY_PLAN
 
-    state.handles.append(block.register_forward_pre_hook(make_plan, with_kwargs=True))
-    state.handles.append(block.register_forward_hook(forget_plan, always_call=True))
+    level.hooks += [(block, make_plan, "pre"), (block, forget_plan, "post-always")]
     for enabled, name in ((config.merge_attn, "attn1"), (config.merge_crossattn, "attn2"), (config.merge_mlp, "ff")):
         module = getattr(block, name, None)
         if enabled and module is not None:
-            state.handles.append(module.register_forward_pre_hook(merge_input, with_kwargs=True))
-            state.handles.append(module.register_forward_hook(unmerge_output))
+            level.hooks += [(module, merge_input, "pre"), (module, unmerge_output, "post")]
 
 
-def _hook_kv(attention: torch.nn.Module, state: PatchState) -> None:
+def _hook_kv(attention: torch.nn.Module, state: PatchState, level: LevelHooks) -> None:
     """kv needs no metric, so attn1's own pre-hook makes and uses the plan: nothing is carried
     between hooks, which keeps the block traceable by torch.compile (no state to reconstruct).
     A diffusers self-attention also gets a ``to_kv`` for its fused processor (see fused_kv.py)."""
@@ -157,20 +216,22 @@ def _hook_kv(attention: torch.nn.Module, state: PatchState) -> None:
     projection = add_kv_projection(attention)
     if projection is not None:
         state.handles.append(projection)
+    grids, merger = state.grids, state.merger
 
     def pool_keys_values(module, args, kwargs):
         # Only plain self-attention: attn1 that already attends to a context (diffusers'
         # only_cross_attention, LDM's disable_self_attn) is left alone.
         if kwargs.get(context_name) is not None or (len(args) > 1 and args[1] is not None):
             return None
-        _, hidden = _first_input(args, kwargs)
-        plan = state.plan_for(hidden)
+        hidden = args[0] if args else _first_input(args, kwargs)[1]
+        grid = grids.get(hidden.shape[1])
+        plan = state.plan_for(hidden) if grid is None else merger.plan_with(hidden, grid, state.tables[grid])
         if not plan.active:
             return None
         kwargs[context_name] = plan.reduce_kv(hidden)
         return args[:1], kwargs
 
-    state.handles.append(attention.register_forward_pre_hook(pool_keys_values, with_kwargs=True))
+    level.hooks.append((attention, pool_keys_values, "pre"))
 
 
 def guarded_modules(unet: torch.nn.Module, config: ToMeConfig) -> List[Guarded]:
@@ -197,33 +258,63 @@ def check_partners(unet: torch.nn.Module, config: ToMeConfig) -> None:
 
 
 def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
-    """Hook every transformer block of ``unet``; raises TypeError (and hooks nothing) if it has none."""
+    """Hook ``unet`` for ToMe; raises TypeError (and hooks nothing) if it has no transformer block.
+
+    Ratio 0 registers no hook at all. Otherwise the UNet's pre-hook runs once per model call and attaches the
+    hooks of the levels reduced in that call (``PatchState.attach``); the blocks of other levels run untouched.
+    """
     state = PatchState(config=config, merger=TokenMerger(config, attention_base_downsample(unet), attention_levels(unet)))
-    blocks = transformer_blocks(unet)
-    if config.enabled:  # apply_patch checked them (check_partners); each model call checks again
-        state.guarded = guarded_modules(unet, config)
+    state.num_blocks = len(transformer_blocks(unet))
+    setattr(unet, STATE_ATTR, state)
+    if not config.enabled:
+        return state
+    state.guarded = guarded_modules(unet, config)  # apply_patch checked them (check_partners); each call does again
+    state.watched = [sub for _, module, _ in state.guarded for sub in module.modules()]
+    for downsample, blocks in level_blocks(unet).items():
+        level = state.levels[downsample] = LevelHooks()
+        for block in blocks:
+            _hook_block(block, state, level)
+    windowed = config.start_percent > 0 or config.end_percent < 1
+    needs_step = state.merger.needs_step()
+    merger, mode = state.merger, config.mode
 
     @not_compiled
     def record_step(module, args, kwargs):
         # A cache hook added after apply_patch is refused here, before any block of this call runs.
-        refuse_caches_inside(state.guarded, state.config.mode)
+        for watched in state.watched:
+            if _HOOK_REGISTRY in watched.__dict__:
+                refuse_caches_inside(state.guarded, mode)
+                break
         sample = args[0] if args else kwargs.get("sample", kwargs.get("x"))
         timestep = args[1] if len(args) > 1 else next(
             (kwargs[k] for k in ("timestep", "timesteps", "t") if k in kwargs), None)
-        state.latent_hw = (int(sample.shape[-2]), int(sample.shape[-1]))
-        # step_of reads the timestep (one host sync per UNet call): only when the plans depend on it.
-        if state.merger.needs_step() or state.config.start_percent > 0 or state.config.end_percent < 1:
+        state.latent_hw = latent_hw = (int(sample.shape[-2]), int(sample.shape[-1]))
+        if windowed:  # the window needs the step's value: the one host read of a model call
             state.step_key, state.progress = step_of(timestep)
-        state.active = state.config.in_schedule(state.progress)
-        state.tables = state.merger.step_tables(state.latent_hw, state.step_key, sample.device, int(sample.shape[0]),
-                                                compute_dtype(module, sample)) if state.active else {}
+            state.active = config.in_schedule(state.progress)
+        elif needs_step:  # a random partition per step, drawn on the step's device (engine step_choice)
+            state.step_key = 0.0 if timestep is None else timestep
+        wanted, grids = set(), {}
+        if state.active:
+            batch, dtype = int(sample.shape[0]), compute_dtype(module, sample)
+            state.call = (module, args, kwargs, sample.device)  # the speed check repeats this call (run_level), once per shape
+            try:
+                state.tables = merger.step_tables(latent_hw, state.step_key, sample.device, batch, dtype,
+                                                  state.run_level)
+            finally:
+                state.call = None
+            for grid, downsample, pays in merger.call_layout(latent_hw, sample.device, batch, dtype):
+                if pays:
+                    wanted.add(downsample)
+                    grids[grid[0] * grid[1]] = grid
+        if grids != state.grids:
+            state.grids.clear()
+            state.grids.update(grids)
+        if wanted != state.attached:
+            state.attach(frozenset(wanted))
         return None
 
     state.handles.append(unet.register_forward_pre_hook(record_step, with_kwargs=True))
-    for block in blocks:
-        _hook_block(block, state)
-    state.num_blocks = len(blocks)
-    setattr(unet, STATE_ATTR, state)
     return state
 
 

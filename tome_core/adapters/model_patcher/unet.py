@@ -28,7 +28,7 @@ from ...engine.config import ToMeConfig, require_all_blocks
 from ...engine.levels import Level
 from ...catalogue.comfy_dits import supported_names
 from ...catalogue.unets import attention_base_downsample, attention_levels
-from ...engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
+from ...engine.plan import IDENTITY_PLAN, WHOLE, TokenMerger, TokenPlan
 from ...engine.schedule import SigmaWindow, sigma_value
 
 SUPPORTED_MODELS = "SD1.x, SD2.x and SDXL-family UNet models (SSD-1B, Playground v2, ...)"
@@ -257,45 +257,74 @@ class UNetPatchState:
         self.windowed = window != SigmaWindow()
         self.step_sigma = StepSigma()
         self.tables_key = f"tome_tables_{id(self.merger):x}"  # one per patched model: two ToMe nodes never share it
-        self.call_step = 0.0  # the step key of the model call in progress, set by prepare_call
+        self.call_step: Any = 0.0  # the step key (a float or the sigma tensor) of the call in progress
         self.own_patch: Optional[Callable] = None  # this model's attn1 patch, for the partner checks
+        self.own_patches: Tuple[Callable, ...] = ()  # all of this model's patch functions
 
-    def step_key_of(self, sigmas: Any) -> Optional[float]:
-        """The step's sigma where the window or a random partition depends on it, else None (no read)."""
-        return sigma_value(sigmas) if self.windowed or self.merger.needs_step() else None
-
-    def prepare_call(self, executor: Any, x: torch.Tensor, t: Any, options: dict) -> None:
-        """Before a model call: refuse a partner registered after ToMe, read the step once, and hand the blocks
-        this call's per-level tables through ``options`` (only tables reach traced code: a float there would
-        be guarded on, a recompile per step)."""
+    def prepare_call(self, executor: Any, x: torch.Tensor, t: Any, options: dict,
+                     rerun: Optional[Callable[[], Any]] = None) -> bool:
+        """Before a model call: refuse a partner registered after ToMe, and hand the blocks this call's per-level
+        tables through ``options`` (only tables reach traced code: a float there would be guarded on, a recompile
+        per step). The step is read on the host only where a window needs it; a random partition is drawn from
+        the sigma tensor on its device (engine ``step_choice``). rerun(): the model call once more, which the
+        speed check times whole and with each level reduced (once per shape). Returns whether ToMe reduces
+        nothing in this call (outside its window, or every level left whole), so its patches sit the call out."""
         refuse_partner_after(attn1_patches_of(options), self.own_patch, self.config)
-        sigma = self.step_key_of(t)  # the one host read of this model call
-        if self.windowed and sigma is not None and not self.window.contains(sigma):
-            options[self.tables_key] = _OFF
-            return
-        self.call_step = 0.0 if sigma is None else sigma
-        options[self.tables_key] = self.merger.step_tables((int(x.shape[-2]), int(x.shape[-1])), self.call_step,
-                                                           x.device, int(x.shape[0]), _call_dtype(executor, x))
+        step: Any = 0.0
+        if self.windowed:
+            sigma = sigma_value(t)  # the one host read of this model call
+            if sigma is not None and not self.window.contains(sigma):
+                options[self.tables_key] = _OFF
+                return True
+            step = 0.0 if sigma is None else sigma
+        elif self.merger.needs_step() and t is not None:
+            step = t
+        self.call_step = step
+        run_level = None
+        if rerun is not None:
+            def run_level(grid: Tuple[int, int], downsample: int, reduced: bool) -> None:
+                table = self.merger.call_table(grid, step, x.device, downsample)
+                options[self.tables_key] = ({grid: table}, {grid[0] * grid[1]: grid}) if reduced else _OFF
+                rerun()
+        tables = self.merger.step_tables((int(x.shape[-2]), int(x.shape[-1])), step, x.device, int(x.shape[0]),
+                                         _call_dtype(executor, x), run_level)
+        grids = {}
+        for grid, table in tables.items():
+            if table is not WHOLE:
+                grids[grid[0] * grid[1]] = grid
+        options[self.tables_key] = (tables, grids)
+        return not grids
 
     def plan_for(self, n: torch.Tensor, extra_options: dict) -> TokenPlan:
         """The plan of the block whose attention gets ``n``. Shapes first: blocks ToMe leaves alone never look at
         the sigma (a host sync for a tensor), and the sigma is read only when the window or a random partition
-        depends on it."""
-        merger, shape, hw = self.merger, extra_options.get("original_shape"), _latent_hw(extra_options)
+        depends on it (hosts without model wrappers; with them, ``prepare_call`` did the step's work)."""
+        merger, prepared = self.merger, extra_options.get(self.tables_key)
+        if prepared is not None:
+            if prepared is _OFF or n.dim() != 3:
+                return IDENTITY_PLAN
+            tables, grids = prepared
+            grid = grids.get(n.shape[1])
+            if grid is not None and n.shape[0] == extra_options["original_shape"][0]:
+                return merger.plan_with(n, grid, tables[grid])
+            if grid is not None or not grids:
+                return IDENTITY_PLAN  # an earlier patch regrouped the tokens (HyperTile), or nothing is reduced
+        shape, hw = extra_options.get("original_shape"), _latent_hw(extra_options)
         if hw is None or n.dim() != 3 or n.shape[0] != shape[0]:
             return IDENTITY_PLAN  # no latent size, or an earlier patch regrouped the tokens (HyperTile)
         grid = merger.grid(n, hw)
-        prepared = extra_options.get(self.tables_key)
-        if grid is None or prepared is _OFF:
+        if grid is None:
             return IDENTITY_PLAN
         if prepared is not None:
-            if grid in prepared:
-                return merger.plan_with(n, grid, prepared[grid])
+            tables = prepared[0]
+            if grid in tables:
+                return merger.plan_with(n, grid, tables[grid])
             return merger.plan_at(n, grid, step_key=self.call_step, latent_hw=hw)  # a grid no formula predicted
-        sigma = self.step_sigma(extra_options) if self.windowed or merger.needs_step() else None
+        sigma = self.step_sigma(extra_options) if self.windowed else None
         if self.windowed and sigma is not None and not self.window.contains(sigma):
             return IDENTITY_PLAN
-        return merger.plan_at(n, grid, step_key=0.0 if sigma is None else sigma, latent_hw=hw)
+        step = sigma if sigma is not None else (extra_options.get("sigmas") if merger.needs_step() else None)
+        return merger.plan_at(n, grid, step_key=0.0 if step is None else step, latent_hw=hw)
 
     def reduce_keys_values(self, n: torch.Tensor, context: Any, value: Any, extra_options: dict, claim: str) -> tuple:
         """Keys/values only, when an earlier patch regrouped the queries but left the keys/values on the
@@ -328,11 +357,17 @@ def _apply_model_wrapper(state: UNetPatchState) -> Callable:
         args = (c_concat, c_crossattn, control, transformer_options)
         if not isinstance(options, dict) or x.dim() != 4:
             return executor(x, t, *args, **kwargs)
-        state.prepare_call(executor, x, t, options)
+        idle = state.prepare_call(executor, x, t, options, lambda: executor(x, t, *args, **kwargs))
+        patches = options.get("patches")
+        if idle and isinstance(patches, dict):  # nothing reduced: ToMe's patches sit this call out
+            options["patches"] = {kind: [p for p in fns if p not in state.own_patches] if isinstance(fns, list) else fns
+                                  for kind, fns in patches.items()}
         try:
             return executor(x, t, *args, **kwargs)
         finally:
             options.pop(state.tables_key, None)
+            if idle and isinstance(patches, dict):
+                options["patches"] = patches
 
     return apply_model_wrapper
 
@@ -402,6 +437,7 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
                            tables_key=state.tables_key, merger=state.merger, partner_check=_partner_check(state))
     if config.merge_crossattn and config.mode == "merge":
         patches.attn2, patches.attn2_output = _slot_patches(state, "attn2")
+    state.own_patches = tuple(p for p in (attn1, attn1_output, patches.attn2, patches.attn2_output) if p is not None)
     return patches
 
 

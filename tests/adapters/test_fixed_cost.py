@@ -1,0 +1,100 @@
+"""Free when it does nothing, light where it acts: what one UNet forward pays for a ToMe patch on a GPU's terms.
+
+On a fast GPU a step is bound by launching kernels from Python, so every ATen op, every Python call into
+``tome_core`` and every host sync is paid in full. Counted on the second forward after ``apply_patch`` (the
+first builds the step's tables), as the bench's ``--ops`` does: ops under a ``TorchDispatchMode``, Python calls
+with ``sys.setprofile``. The tiny SD1.5 has SD1.5's block layout (16 transformer blocks on 4 levels), so the
+counts of hooks and calls are those of the full model.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tome_core
+from tome_bench.models import build_unet, make_inputs
+from tome_bench.op_count import count_ops
+from tome_core.catalogue.unets import level_blocks
+
+HOST_DEFAULTS = dict(matching="level", speed_check="auto")  # ComfyUI's and the WebUI's
+DOING_NOTHING = {
+    "ratio 0": dict(ratio=0.0, **HOST_DEFAULTS),
+    "every level whole (min_tokens)": dict(min_tokens=1 << 20, **HOST_DEFAULTS),
+    "outside its step window": dict(start_percent=0.6, **HOST_DEFAULTS),  # the call is at t=500: progress 0.5
+}
+
+
+@pytest.fixture(scope="module")
+def unet():
+    return build_unet("sd15", "tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def inputs(unet):
+    sample, _, context, _ = make_inputs(unet, "sd15", 2, 128, 128, seed=1)
+    return sample, torch.full((2,), 500.0), context
+
+
+def forward(unet, inputs):
+    sample, timestep, context = inputs
+    with torch.no_grad():
+        return unet(sample, timestep, encoder_hidden_states=context).sample
+
+
+def second_forward(unet, inputs, **options):
+    """(ops count, output) of the second forward after applying ``options``; the patch is removed after."""
+    tome_core.apply_patch(unet, **options)
+    try:
+        forward(unet, inputs)
+        return count_ops(lambda: forward(unet, inputs))
+    finally:
+        tome_core.remove_patch(unet)
+
+
+def block_hooks(unet) -> int:
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in unet.modules() if m is not unet)
+
+
+@pytest.mark.parametrize("name", list(DOING_NOTHING))
+def test_a_patch_that_reduces_nothing_adds_no_sync_two_ops_at_most_and_five_calls(unet, inputs, name):
+    vanilla, expected = count_ops(lambda: forward(unet, inputs))
+    count, out = second_forward(unet, inputs, **DOING_NOTHING[name])
+    assert torch.equal(out, expected)
+    windowed = "start_percent" in DOING_NOTHING[name]  # a user-set window reads the step: one sync at most
+    assert count.syncs - vanilla.syncs == (1 if windowed else 0)
+    assert count.total - vanilla.total <= 2, count.added_over(vanilla)
+    assert count.tome_calls <= 5
+
+
+@pytest.mark.parametrize("options, most_calls", [
+    (dict(HOST_DEFAULTS), 104),  # a third of the 312 calls of cacab79
+    (dict(mode="kv"), 108),  # half of 216
+    (dict(), 104),  # tomesd's defaults (merge, one matching per block)
+    (dict(HOST_DEFAULTS, max_downsample=2), 200),
+])
+def test_reduced_paths_never_sync_and_call_little(unet, inputs, options, most_calls):
+    vanilla, expected = count_ops(lambda: forward(unet, inputs))
+    count, out = second_forward(unet, inputs, **options)
+    assert not torch.equal(out, expected)  # it does reduce
+    assert count.syncs == vanilla.syncs == 0
+    assert 0 < count.tome_calls <= most_calls
+
+
+def test_hooks_sit_only_on_the_blocks_reduced_in_the_call(unet, inputs):
+    levels = level_blocks(unet)
+    assert block_hooks(unet) == 0
+    tome_core.apply_patch(unet, ratio=0.5, start_percent=0.0, end_percent=0.5, **HOST_DEFAULTS)
+    try:
+        assert block_hooks(unet) == 0  # nothing until a call says what it reduces
+        sample, _, context = inputs
+        with torch.no_grad():
+            unet(sample, torch.full((2,), 900.0), encoder_hidden_states=context)  # progress 0.1: in the window
+        hooked = {id(m) for m in unet.modules() if m is not unet and (m._forward_pre_hooks or m._forward_hooks)}
+        level_one = {id(m) for block in levels[1] for m in block.modules()}
+        assert hooked and hooked <= level_one  # only level 1 (max_downsample 1) is reduced
+        with torch.no_grad():
+            unet(sample, torch.full((2,), 100.0), encoder_hidden_states=context)  # progress 0.9: outside
+        assert block_hooks(unet) == 0
+    finally:
+        tome_core.remove_patch(unet)
+    assert block_hooks(unet) == 0 and len(unet._forward_pre_hooks) == 0
