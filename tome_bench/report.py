@@ -92,6 +92,8 @@ METRICS = {
                  "(an in-place one: the tensor written into)",
     "moved_mib_added": "--ops: moved_mib minus vanilla's",
     "host_syncs": "--ops: ops in that forward that make the host wait for the device (.item() etc.)",
+    "tome_calls": "--ops: Python calls into tome_core in that forward (sys.setprofile): hooks and what they "
+                  "call, each paid as launch time on a fast GPU",
     "ops_added_by_name": "--ops: per ATen op name, how many more times it ran than in vanilla",
     "vanilla_drift": "vanilla row only: rel. L2 between vanilla outputs before and after every "
                      "other variant was applied and removed (0 = removal restores the model)",
@@ -206,6 +208,8 @@ COLUMNS = [  # header, row key, format, legend
     ("mem x", "mem_vs_vanilla", ".2f", "peak MB / vanilla's peak MB (< 1 = saves memory)"),
     ("+ops", "aten_ops_added", "d", "--ops: ATen ops one forward dispatches beyond vanilla's (GPU kernel-launch proxy)"),
     ("moved MiB", "moved_mib_added", ".1f", "--ops: MiB gathered/scattered by the patch in one forward"),
+    ("syncs", "host_syncs", "d", "--ops: host syncs in one forward (each stalls a GPU's launch queue)"),
+    ("py calls", "tome_calls", "d", "--ops: Python calls into tome_core in one forward (launch time on a GPU)"),
     ("attn %", "attn_pct", ".0f", "DiT: % of vanilla's forward time in attention (SDPA)"),
     ("ceiling", "speedup_ceiling", ".2f", "DiT: 1 / (1 - attention share): the most any kv ratio can give"),
     ("attention", "attention", "s",
