@@ -59,7 +59,9 @@ PRESETS = {
 GPU_METHODS = "vanilla,merge,merge-level,merge-auto,kv,kv@0.75,tomesd"
 GPU_SUITE = (("sd15", "512,1024,2048", GPU_METHODS, False, True),
              ("sdxl", "1024,2048", GPU_METHODS, False, True),
-             ("sd15", "1024", "vanilla,merge,merge-level,kv@0.75", True, False))
+             ("sd15", "1024", "vanilla,merge,merge-level,kv@0.75", True, False),
+             # batch 8: a compute-bound step, the regime of smaller GPUs (a fast GPU at batch 2 is launch-bound)
+             ("sd15", "512,1024", "vanilla,merge-level,merge-auto,kv@0.75,tomesd", False, False, 8))
 GPU_SUITE_ROUNDS = dict(repeats=3, max_repeats=6)
 
 
@@ -223,9 +225,10 @@ def _preset(args: argparse.Namespace) -> dict:
 
 
 def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None = None,
-                     resolutions=None, methods=None, compile_part: bool | None = None) -> BenchConfig:
-    """The BenchConfig of the command line (``families``/``resolutions``/``methods``/``compile_part``:
-    a --gpu-suite part; the command line's --methods and --compile win)."""
+                     resolutions=None, methods=None, compile_part: bool | None = None,
+                     batch: int | None = None) -> BenchConfig:
+    """The BenchConfig of the command line (``families``/``resolutions``/``methods``/``compile_part``/``batch``:
+    a --gpu-suite part; the command line's --methods, --compile and --batch win)."""
     preset = _preset(args)
     families = args.families or families or _csv(str)(preset["families"])
     families = tuple(FAMILY_ALIASES.get(f, f) for f in families)
@@ -254,7 +257,7 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
     try:
         return BenchConfig(
             families=families, resolutions=resolutions, ratios=args.ratios,
-            methods=args.methods or methods, batch=args.batch, dtype=dtype, repeats=repeats,
+            methods=args.methods or methods, batch=args.batch or batch, dtype=dtype, repeats=repeats,
             max_repeats=max_repeats, budget_s=budget,
             compile=args.compile or (bool(compile_part) if compile_part is not None else False),
             peaked=args.peaked, guidance=args.guidance, scale="tiny" if args.tiny else "full",
@@ -274,15 +277,15 @@ def _configs(args: argparse.Namespace) -> list[BenchConfig]:
     if not parts:
         raise UsageError(f"--gpu-suite covers {', '.join(sorted({p[0] for p in GPU_SUITE}))}; "
                          f"got --families {','.join(args.families)}")
-    return [config_from_args(args, (family,), _csv(_size)(res), _csv(str)(methods), compiled)
-            for family, res, methods, compiled, _ in parts]
+    return [config_from_args(args, (family,), _csv(_size)(res), _csv(str)(methods), compiled, *batch)
+            for family, res, methods, compiled, _, *batch in parts]
 
 
 def _profiled(args: argparse.Namespace) -> list[bool]:
     """Per config of ``_configs``: whether every case of it is profiled (--gpu-suite's eager parts)."""
     if not args.gpu_suite:
         return [False]
-    return [profiled for family, *_, profiled in GPU_SUITE if not args.families or family in args.families]
+    return [part[4] for part in GPU_SUITE if not args.families or part[0] in args.families]
 
 
 def busy_line(rows: list[dict]) -> str | None:

@@ -98,3 +98,27 @@ def test_hooks_sit_only_on_the_blocks_reduced_in_the_call(unet, inputs):
     finally:
         tome_core.remove_patch(unet)
     assert block_hooks(unet) == 0 and len(unet._forward_pre_hooks) == 0
+
+
+@pytest.mark.parametrize("family, mode", [("flux", "kv"), ("flux", "merge"), ("wan", "merge")])
+def test_transformers_draw_their_step_on_the_device_without_a_host_sync(family, mode):
+    """diffusers DiTs: the seeded picks or destinations of a step are drawn from the timestep tensor where it
+    lives; the same step gives the same output as its value read on the host would."""
+    from tome_bench.dit_models import build_dit, forward as dit_forward, make_dit_inputs
+
+    model = build_dit(family, blocks=2, scale="tiny")
+    inputs = make_dit_inputs(model, family, 2, 64, 64, frames=5 if family == "wan" else 1, seed=1)
+    vanilla, _ = count_ops(lambda: dit_forward(model, inputs))
+    tome_core.apply_patch(model, ratio=0.5, mode=mode)
+    try:
+        dit_forward(model, inputs)
+        count, out = count_ops(lambda: dit_forward(model, inputs))
+    finally:
+        tome_core.remove_patch(model)
+    assert count.syncs == vanilla.syncs == 0, count.added_over(vanilla)
+    tome_core.apply_patch(model, ratio=0.5, mode=mode, start_percent=0.0, end_percent=1.0 - 1e-9)  # reads the step
+    try:
+        read = dit_forward(model, inputs)
+    finally:
+        tome_core.remove_patch(model)
+    assert torch.equal(out, read)

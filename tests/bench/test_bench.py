@@ -523,15 +523,16 @@ def test_presets_and_gpu_suite_configs():
     assert full.resolutions == ((512, 512), (768, 768)) and (full.repeats, full.budget_s) == (3, None)
     # the GPU plan, built here on CPU (device/dtype given, so the CUDA check passes)
     suite = configs("--gpu-suite", "--device", "cpu", "--dtype", "bf16")
-    assert [(c.families, c.resolutions, c.compile) for c in suite] == [
-        (("sd15",), ((512, 512), (1024, 1024), (2048, 2048)), False), (("sdxl",), ((1024, 1024), (2048, 2048)), False),
-        (("sd15",), ((1024, 1024),), True)]
+    assert [(c.families, c.resolutions, c.compile, c.batch) for c in suite] == [
+        (("sd15",), ((512, 512), (1024, 1024), (2048, 2048)), False, 2),
+        (("sdxl",), ((1024, 1024), (2048, 2048)), False, 2), (("sd15",), ((1024, 1024),), True, 2),
+        (("sd15",), ((512, 512), (1024, 1024)), False, 8)]  # batch 8: the compute-bound regime of smaller GPUs
     assert all((c.repeats, c.max_repeats) == (3, 6) for c in suite)
     assert "merge-auto" in suite[0].methods and suite[2].methods == ("vanilla", "merge", "merge-level", "kv@0.75")
     assert [c.families for c in configs("--gpu-suite", "--families", "sdxl", "--device", "cpu",
                                         "--dtype", "bf16")] == [("sdxl",)]
     from tome_bench.cli import _profiled
-    assert _profiled(build_parser().parse_args(["--gpu-suite"])) == [True, True, False]
+    assert _profiled(build_parser().parse_args(["--gpu-suite"])) == [True, True, False, False]
 
 
 def test_clock_estimates_from_measured_forwards():

@@ -3,17 +3,23 @@ one-time warnings."""
 from __future__ import annotations
 
 import logging
-from typing import Dict, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from .config import ToMeConfig
-from .plan import partition_seed
+from .plan import draw_table, partition_seed
+from .speed_check import Verdict, call_verdict
 from .grid import TokenLayout
 from .kv import dit_window, keep_index, pick_index_nd
 
 _LOG = logging.getLogger("tome.dit")
-_MAX_CACHED = 16
+
+
+def call_label(grid: Tuple[int, ...], batch: int) -> str:
+    """A call shape in words for the speed check's verdicts: "64x64 image tokens, batch 2", "9x30x52 video ..."."""
+    kind = "video" if len(grid) == 3 else "image"
+    return f"{'x'.join(str(n) for n in grid)} {kind} tokens, batch {batch}"
 
 
 class KVPatchState:
@@ -21,9 +27,27 @@ class KVPatchState:
 
     def __init__(self, config: ToMeConfig) -> None:
         self.config = config
-        self._cache: Dict[Tuple, torch.Tensor] = {}
+        self._cache: Dict[Tuple, Any] = {}  # (what, grid or layout, device) -> seeded candidates (draw_table)
+        self._step: List[Any] = [None, 0]  # the last step tensor and its choice
         self._warned: set = set()
         self.reduced_calls = 0
+        self.verdicts: Dict[str, Verdict] = {}  # the speed check's, by call shape (call_pays)
+
+    def call_pays(self, what: Tuple, label: str, dtype: torch.dtype, device: torch.device,
+                  run: Optional[Callable[[bool], object]]) -> bool:
+        """The speed check of one model call of ``what`` (class, layout, batch): ``speed_check.call_verdict``; the
+        verdict is kept under ``label`` (e.g. "1024x1024 px, batch 2") for ``describe_verdicts``."""
+        if self.config.speed_check == "off":
+            return True
+        found = call_verdict(self.config, what, dtype, device, run)
+        if self.verdicts.get(label) != found:
+            self.verdicts[label] = found
+            self.warn_once(f"verdict:{label}:{found}", f"ToMe speed check: {label}: {found.text(self.config.mode)}")
+        return found.reduce
+
+    def describe_verdicts(self) -> list:
+        """One line per call shape the speed check decided."""
+        return [f"{label}: {found.text(self.config.mode)}" for label, found in self.verdicts.items()]
 
     def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -31,36 +55,27 @@ class KVPatchState:
             _LOG.warning(message)
 
     def _generator(self, grid: Tuple[int, ...], step_key: float) -> "torch.Generator | None":
-        """The step's seeded generator (UNets' partition seed), None for centre picks (use_rand off)."""
+        """A seeded generator (UNets' partition seed of (seed, step_key, grid)), None for centre picks (use_rand off)."""
         if not self.config.use_rand:
             return None
         rows = grid[-2] * (grid[0] if len(grid) == 3 else 1)
         return torch.Generator().manual_seed(partition_seed(self.config.seed, step_key, rows, grid[-1]))
 
-    def keep_for(self, layout: TokenLayout, step_key: float, device: torch.device) -> torch.Tensor:
-        """Kept sequence indices, built once per (layout, step, device) with a generator seeded like UNets'
-        partitions (seed, step, grid), so both CFG halves and separate cond/uncond calls pick alike."""
-        config = self.config
-        key = (layout, step_key if config.use_rand else None, str(device))
-        keep = self._cache.get(key)
-        if keep is None:
-            grid = layout.grid
-            window = dit_window(config.ratio, grid, config.sx, config.sy)
-            generator = self._generator(grid, step_key)
-            if len(self._cache) >= _MAX_CACHED:
-                self._cache.clear()
-            keep = self._cache[key] = keep_index(layout, pick_index_nd(grid, window, generator)).to(device)
-        return keep
+    def _draw(self, key: Tuple, grid: Tuple[int, ...], step_key: Any, device: torch.device,
+              build: Callable[[Optional[torch.Generator]], torch.Tensor]) -> torch.Tensor:
+        return draw_table(self._cache, key + (str(device),), step_key, device, self.config, build,
+                          lambda k: self._generator(grid, float(k)), self._step)
 
-    def destinations_for(self, grid: Tuple[int, ...], window: Tuple[int, ...], step_key: float,
+    def keep_for(self, layout: TokenLayout, step_key: Any, device: torch.device) -> torch.Tensor:
+        """Kept sequence indices of a call: one of the seeded candidates of (layout, device), the one the step
+        draws (``draw_table``: a step tensor is hashed on its device, never read), so both CFG halves and separate
+        cond/uncond calls pick alike."""
+        window = dit_window(self.config.ratio, layout.grid, self.config.sx, self.config.sy)
+        return self._draw(("keep", layout), layout.grid, step_key, device,
+                          lambda generator: keep_index(layout, pick_index_nd(layout.grid, window, generator)))
+
+    def destinations_for(self, grid: Tuple[int, ...], window: Tuple[int, ...], step_key: Any,
                          device: torch.device) -> torch.Tensor:
-        """Mode merge's destinations: one grid token per window, seeded like ``keep_for`` (cached alike)."""
-        config = self.config
-        key = ("merge", grid, window, step_key if config.use_rand else None, str(device))
-        picks = self._cache.get(key)
-        if picks is None:
-            generator = self._generator(grid, step_key)
-            if len(self._cache) >= _MAX_CACHED:
-                self._cache.clear()
-            picks = self._cache[key] = pick_index_nd(grid, window, generator).to(device)
-        return picks
+        """Mode merge's destinations: one grid token per window, drawn like ``keep_for``."""
+        return self._draw(("merge", grid, window), grid, step_key, device,
+                          lambda generator: pick_index_nd(grid, window, generator))

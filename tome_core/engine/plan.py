@@ -102,7 +102,7 @@ class TokenMerger:
         self._partitions: Dict[Tuple, Partition] = {}
         self._kv_indices: Dict[Tuple, torch.Tensor] = {}
         self._layouts: Dict[Tuple, List[Tuple[Tuple[int, int], int, bool]]] = {}
-        self._step: Tuple[Any, Any] = (None, 0)  # the last step tensor and its step_choice
+        self._step: List[Any] = [None, 0]  # the last step tensor and its step_choice (draw_table)
         self._warned_grid = False
         # The config is frozen, so mode "kv"'s pooling window is the same for every block and step.
         self._kv_window = kv_pool_window(config.ratio, config.sx, config.sy)
@@ -300,31 +300,35 @@ class TokenMerger:
 
     def _per_step(self, cache: Dict[Tuple, Any], h: int, w: int, step_key: Any, device: torch.device,
                   build: Callable[[Optional[torch.Generator]], Any]) -> Any:
-        """The table of grid (h, w) at this step: ``build(None)`` without use_rand; with it, one of
-        ``STEP_CANDIDATES`` tables built once per grid and device from generators seeded by (seed, candidate,
-        grid), the one ``step_choice`` hashes the step to. step_key may be a device tensor: it is hashed on
-        its device and the candidate picked there, so no step value is ever read on the host.
-        """
-        config = self.config
-        key = (h, w, str(device))
-        stacked = cache.get(key)
-        if stacked is None:
-            if len(cache) >= _MAX_CACHED_PARTITIONS:
-                cache.clear()
-            if not config.use_rand:
-                stacked = cache[key] = Candidates.of([build(None)], device)
-            else:
-                stacked = cache[key] = Candidates.of([
-                    build(torch.Generator().manual_seed(partition_seed(config.seed, float(k), h, w)))
-                    for k in range(STEP_CANDIDATES)], device)
-        if not config.use_rand:
-            return stacked.pick(0)
-        if isinstance(step_key, torch.Tensor):
-            if step_key.device != stacked.device:
-                step_key = float(step_key.detach().reshape(-1).max())  # a step held on the host: no device read
-            elif step_key is not self._step[0]:  # hashed once per step tensor (a model call's blocks share it)
-                self._step = (step_key, step_choice(step_key, config.seed))
-        return stacked.pick(self._step[1] if step_key is self._step[0] else step_choice(step_key, config.seed))
+        """The table of grid (h, w) at this step (``draw_table``; candidates seeded by (seed, candidate, grid))."""
+        seed = self.config.seed
+        return draw_table(cache, (h, w, str(device)), step_key, device, self.config, build,
+                          lambda k: torch.Generator().manual_seed(partition_seed(seed, float(k), h, w)), self._step)
+
+
+def draw_table(cache: Dict[Tuple, Any], key: Tuple, step_key: Any, device: torch.device, config: ToMeConfig,
+               build: Callable[[Optional[torch.Generator]], Any],
+               generator_for: Callable[[int], torch.Generator], memo: List[Any]) -> Any:
+    """A per-step table (a kv index or a ``Partition``): ``build(None)`` without use_rand; with it, one of
+    ``STEP_CANDIDATES`` tables built once per ``key`` (grid, device) from ``generator_for(k)``, the one
+    ``step_choice`` hashes the step to. step_key may be a device tensor: it is hashed on its device and the
+    candidate picked there, so no step value is ever read on the host. memo: [step tensor, its choice], shared by
+    the blocks of a call (the step is hashed once per tensor).
+    """
+    stacked = cache.get(key)
+    if stacked is None:
+        if len(cache) >= _MAX_CACHED_PARTITIONS:
+            cache.clear()
+        tables = [build(None)] if not config.use_rand else [build(generator_for(k)) for k in range(STEP_CANDIDATES)]
+        stacked = cache[key] = Candidates.of(tables, device)
+    if not config.use_rand:
+        return stacked.pick(0)
+    if isinstance(step_key, torch.Tensor):
+        if step_key.device != stacked.device:
+            step_key = float(step_key.detach().reshape(-1).max())  # a step held on the host: no device read
+        elif step_key is not memo[0]:
+            memo[:] = [step_key, step_choice(step_key, config.seed)]
+    return stacked.pick(memo[1] if step_key is memo[0] else step_choice(step_key, config.seed))
 
 
 STEP_CANDIDATES = 16  # seeded tables per grid; each step uses the one its step value hashes to

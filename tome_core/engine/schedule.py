@@ -24,6 +24,14 @@ def timestep_value(timestep: Any) -> Optional[float]:
     return float(timestep)
 
 
+def step_signal(value: Any) -> Any:
+    """A model call's step as the per-step tables take it without reading it (engine ``step_choice``): the tensor
+    itself (hashed on its device: no host sync), a number as a float, 0.0 when there is none."""
+    if isinstance(value, torch.Tensor):
+        return value if value.numel() else 0.0
+    return 0.0 if value is None else float(max(value) if isinstance(value, (list, tuple)) else value)
+
+
 def sigma_value(sigmas: Any) -> Optional[float]:
     """The step's sigma as a float: the largest of the batch's (rows may differ), or None when there is none."""
     if sigmas is None:

@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from .config import SPEED_CHECKS, ToMeConfig
 from .levels import Level
 
-__all__ = ["SPEED_CHECKS", "Verdict", "verdict", "forget_verdicts", "measure_speedup"]
+__all__ = ["SPEED_CHECKS", "Verdict", "call_verdict", "verdict", "forget_verdicts", "measure_speedup"]
 TIMED_BY_AUTO = ("cuda", "xpu", "mps")  # "auto" times on these; the CPU is where merging always paid
-PAYS_ABOVE = 1.0  # reduce iff the measured speed-up of the level's attention exceeds this
+PAYS_ABOVE = 1.02  # reduce iff the measured speed-up exceeds this: within 2 % of doing nothing, error for no gain
 ROUNDS = 5
 CALL_ROUNDS = 3  # interleaved rounds of real model calls (each a whole call and a reduced one)
 
@@ -194,6 +194,26 @@ def verdict(config: ToMeConfig, level: Level, grid: Tuple[int, int], batch: int,
         speedup = (timer or measure_speedup)(config, shape, device, dtype, run=run)
         found = _VERDICTS[key] = Verdict(reduce=speedup > PAYS_ABOVE, speedup=round(float(speedup), 3),
                                          device=label, timed="the model call" if run is not None else "attention")
+    return found
+
+
+def call_verdict(config: ToMeConfig, what: Tuple, dtype: torch.dtype, device: torch.device,
+                 run: Optional[Callable[[bool], object]], timer: Optional[Timer] = None) -> Verdict:
+    """Whether reducing a transformer's model call pays: the call timed whole against reduced (``run``), once per
+    ``what`` (the model class, its token layout and batch), dtype, device and setting, then cached. run None: the
+    host cannot repeat the call, so it is not timed (reduced, and the verdict says so)."""
+    device = torch.device(device)
+    label = device_label(device)
+    if not should_time(config, device) or run is None:
+        return Verdict(reduce=True, speedup=None, device=label if run is not None else f"{label}: cannot repeat "
+                       "the call beside another hook on the model")
+    key = ("call", what, label, str(dtype), config.mode, config.ratio, config.sx, config.sy, config.block_start,
+           config.block_end, timer)
+    found = _VERDICTS.get(key)
+    if found is None:
+        speedup = (timer or measure_speedup)(config, None, device, dtype, run=run)
+        found = _VERDICTS[key] = Verdict(reduce=speedup > PAYS_ABOVE, speedup=round(float(speedup), 3),
+                                         device=label)
     return found
 
 

@@ -130,9 +130,13 @@ def describe(model: object) -> str:
         state = dits[0].__dict__[diffusers_dit.STATE_ATTR]
         config = state.config
         what = "blocks carry merged image tokens" if config.mode == "merge" else "attentions reduced"
-        return (f"ToMe {config.mode} r={config.ratio:g} on {type(dits[0]).__name__}: {len(state.modules)} {what}"
-                + ("; speed check: not available for transformer models yet, so they are always reduced"
-                   if config.speed_check != "off" else ""))
+        head = f"ToMe {config.mode} r={config.ratio:g} on {type(dits[0]).__name__}: {len(state.modules)} {what}"
+        if config.speed_check == "off":
+            return head + "; speed check off: every call is reduced"
+        lines = [head + f"; speed check {config.speed_check}: each call shape is timed once per device "
+                 "(the model call whole against reduced) and left whole where reducing it measured slower"
+                 + (" (auto: on a GPU)" if config.speed_check == "auto" else "")]
+        return "\n".join(lines + (state.describe_verdicts() or ["no call decided yet (decided at the first call)"]))
     return "ToMe is not applied to this model."
 
 

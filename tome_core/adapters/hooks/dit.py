@@ -18,13 +18,15 @@ from torch.overrides import TorchFunctionMode
 
 from ...engine.blocks import chosen_blocks
 from ...engine.config import ToMeConfig, require_dit_config
-from ...engine.schedule import timestep_value
+from ...engine.schedule import step_signal, timestep_value
+from .call_memo import CallMemo
+from .call_timing import repeat_call
 from .unet import not_compiled
 from ...catalogue.diffusers_dits import (KeyInputs, family_of, find_dit, merging_families, supported_classes,
                                          unsupported_dit)
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
-from ...engine.kv_state import KVPatchState
+from ...engine.kv_state import KVPatchState, call_label
 from . import dit_merge
 from .dit_merge import STATE_ATTR
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -83,6 +85,7 @@ class DiTState(KVPatchState):
         self.handles: List[Any] = []
         self.current: Optional[Dict[str, Tuple[TokenLayout, torch.Tensor]]] = None
         self.modes: Dict[int, _KVMode] = {}
+        self.memo = CallMemo()  # the family's reading of the last call (call_memo.py)
 
 
 @not_compiled  # the host reads (step, Flux's ids) and the seeded picks stay out of torch.compile's graph
@@ -92,26 +95,48 @@ def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     config = state.config
     if not config.enabled:
         return
-    layout = state.family.layout(model, {"args": args, "kwargs": kwargs})
+    spec = state.family.timestep
+    layout = state.memo.read(args, kwargs, (0, "hidden_states", spec.index, spec.name),
+                             lambda: state.family.layout(model, {"args": args, "kwargs": kwargs}))
     if layout is None:
         state.warn_once("layout", f"ToMe: {type(model).__name__}: could not place the image tokens of this call "
                         "(e.g. reference-image tokens); attention left unreduced.")
         return
     if layout.grid_tokens < max(config.min_tokens, 2):
         return
-    spec = state.family.timestep
     timestep = kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)
-    # One host read per model call (not per block): the step drives the schedule and the seed.
-    step = timestep_value(timestep) or 0.0
-    if not config.in_schedule(spec.progress(step)):
-        return
+    if config.start_percent > 0 or config.end_percent < 1:  # a window: the one host read of a model call
+        step = timestep_value(timestep) or 0.0
+        if not config.in_schedule(spec.progress(step)):
+            return
+    else:
+        step = step_signal(timestep)  # the seeded picks are drawn on the step's device: no host read
     window = dit_window(config.ratio, layout.grid, config.sx, config.sy)
     if all(s == 1 for s in window):
         return
     device = next(model.parameters()).device
     image = layout.image_only()
-    state.current = {"joint": (layout, state.keep_for(layout, step, device)),
-                     "image": (image, state.keep_for(image, step, device))}
+    plan = state.current = {"joint": (layout, state.keep_for(layout, step, device)),
+                            "image": (image, state.keep_for(image, step, device))}
+    if config.speed_check != "off":
+        again = repeat_call(model, args, kwargs)
+
+        def run(reduced: bool) -> None:
+            state.current = plan if reduced else None
+            try:
+                again()
+            finally:
+                state.current = plan
+
+        batch = int(arg_tensor(args, kwargs).shape[0])
+        if not state.call_pays((type(model).__name__, layout, batch), call_label(layout.grid, batch),
+                               next(model.parameters()).dtype, device, run if again is not None else None):
+            state.current = None
+
+
+def arg_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The call's hidden states (its first argument)."""
+    return args[0] if args else kwargs["hidden_states"]
 
 
 def _kept_key_inputs(keys: KeyInputs, layout: TokenLayout, keep: torch.Tensor, args: tuple,

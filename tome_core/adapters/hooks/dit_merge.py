@@ -18,9 +18,11 @@ import torch
 from ...catalogue.diffusers_dits import family_of
 from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
-from ...engine.kv_state import KVPatchState
-from ...engine.schedule import timestep_value
+from ...engine.kv_state import KVPatchState, call_label
+from ...engine.schedule import step_signal, timestep_value
 from ...engine.token_merge import GridMatch, TokenMerge, match_grid, merge_window
+from .call_memo import CallMemo
+from .call_timing import repeat_call
 from .host_caches import refuse_caches_inside
 from .unet import not_compiled
 
@@ -38,6 +40,7 @@ class _Call:
         self.joint = (TokenLayout(stream.grid, prefix=stream.prefix, suffix=stream.suffix + text) if text_last else
                       TokenLayout(stream.grid, prefix=text + stream.prefix, suffix=stream.suffix))
         self.match: Optional[GridMatch] = None
+        self.destinations: Optional[torch.Tensor] = None  # the step's seeded destinations (drawn before the call)
         self.merges: Dict[TokenLayout, TokenMerge] = {}
         self.rope: Dict[int, Any] = {}
 
@@ -63,6 +66,7 @@ class DiTMergeState(KVPatchState):
         self.handles: List[Any] = []
         self.current: Optional[_Call] = None
         self.pending: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self.memo = CallMemo()  # the family's reading of the last call (call_memo.py)
 
 
 @not_compiled  # host reads (step, Flux's ids) and the seeded picks stay out of torch.compile's graph
@@ -74,7 +78,9 @@ def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     if not config.enabled:
         return
     refuse_caches(state.blocks)  # a cache added after apply_patch
-    tokens = state.family.read(model, {"args": args, "kwargs": kwargs})
+    spec = state.family.timestep
+    tokens = state.memo.read(args, kwargs, (0, "hidden_states", spec.index, spec.name),
+                             lambda: state.family.read(model, {"args": args, "kwargs": kwargs}))
     if tokens is None or len(tokens.grid) not in (2, 3) or min(tokens.grid) < 1:
         state.warn_once("layout", f"ToMe: {type(model).__name__}: could not place the image tokens of this call; "
                         "its blocks run whole.")
@@ -82,10 +88,39 @@ def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     stream = TokenLayout(tokens.grid, prefix=tokens.before, suffix=tokens.after)
     if stream.grid_tokens < max(config.min_tokens, 4):
         return
-    spec = state.family.timestep
-    step = timestep_value(kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)) or 0.0
-    if config.in_schedule(spec.progress(step)):
-        state.current = _Call(stream, tokens.text, step, text_last=state.family.text == "last")
+    timestep = kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)
+    if config.start_percent > 0 or config.end_percent < 1:  # a window: the one host read of a model call
+        step = timestep_value(timestep) or 0.0
+        if not config.in_schedule(spec.progress(step)):
+            return
+    else:
+        step = step_signal(timestep)  # the seeded destinations are drawn on the step's device: no host read
+    device = next(model.parameters()).device
+
+    def new_call() -> _Call:
+        call = _Call(stream, tokens.text, step, text_last=state.family.text == "last")
+        # drawn here, outside any compiled block: the seeded destinations never reach traced code
+        call.destinations = state.destinations_for(stream.grid, merge_window(stream.grid, config.sx, config.sy),
+                                                   step, device)
+        return call
+
+    state.current = new_call()
+    if config.speed_check != "off":
+        again = repeat_call(model, args, kwargs)
+
+        def run(reduced: bool) -> None:
+            state.current = new_call() if reduced else None
+            state.pending.clear()
+            try:
+                again()
+            finally:
+                state.current = new_call()
+                state.pending.clear()
+
+        batch = int((args[0] if args else kwargs["hidden_states"]).shape[0])
+        if not state.call_pays((type(model).__name__, stream, batch), call_label(stream.grid, batch),
+                               next(model.parameters()).dtype, device, run if again is not None else None):
+            state.current = None
 
 
 @lru_cache(maxsize=None)
@@ -130,7 +165,9 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
         if call.match is None:
             config = state.config
             window = merge_window(stream.grid, config.sx, config.sy)
-            destinations = state.destinations_for(stream.grid, window, call.step, hidden.device)
+            destinations = call.destinations
+            if destinations.device != hidden.device:
+                destinations = destinations.to(hidden.device)
             tokens = hidden[:, stream.prefix:stream.prefix + stream.grid_tokens]
             call.match = match_grid(tokens, stream.grid, config.ratio, destinations, window)
         merge = call.merge_on(stream)

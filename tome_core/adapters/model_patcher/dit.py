@@ -18,7 +18,7 @@ import torch
 
 from ...engine.config import ToMeConfig, require_dit_config
 from ...engine.blocks import chosen_blocks
-from ...engine.schedule import SigmaWindow, sigma_value
+from ...engine.schedule import SigmaWindow, sigma_value, step_signal
 from ...catalogue.comfy_dits import (ComfyDiT, base_model, block_offsets, default_start, family_of, grid_last,
                                     merging_names, supported_names, unreached)
 from .layout import ambiguous_lengths, refuse_unplaceable, token_layout
@@ -27,7 +27,7 @@ from .reports import ReportBasis, agrees, host_report, report_basis, reported_la
 from ...catalogue.families import ModelFamily, family_of_binding
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
-from ...engine.kv_state import KVPatchState
+from ...engine.kv_state import KVPatchState, call_label
 from . import dit_merge
 
 OVERRIDE = "optimized_attention_override"
@@ -304,6 +304,24 @@ class DiTKVPatch(KVPatchState):
         the model's blocks itself and the prompt stops (``reach.unreached_error``), on every run until one goes."""
         options = transformer_options if transformer_options is not None else {}
         plan = self._plan(executor.class_obj, x, t, c_crossattn, kwargs, options)
+        if plan is not None and self.config.speed_check != "off":
+            def run(reduced: bool) -> None:
+                had, previous = OVERRIDE in options, options.get(OVERRIDE)
+                if reduced:
+                    options[OVERRIDE] = self.override(plan, previous)
+                try:
+                    with torch.no_grad():
+                        executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+                finally:
+                    if had:
+                        options[OVERRIDE] = previous
+                    else:
+                        options.pop(OVERRIDE, None)
+
+            batch = int(x.shape[0])
+            if not self.call_pays((type(executor.class_obj).__name__, plan.layout, batch),
+                                  call_label(plan.layout.grid, batch), x.dtype, x.device, run):
+                plan = None
         probing = plan is None and self.config.enabled and not self.reach_checked
         if plan is None and not probing:
             return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
@@ -334,10 +352,12 @@ class DiTKVPatch(KVPatchState):
         layout = token_layout(diffusion_model, x, context, extra)
         if layout is None or not self.reducible(layout):
             return None
-        # One host read per model call (not per block): the sigma drives the schedule and the seed.
-        sigma = sigma_value(t)
-        if not self.window.contains(sigma):
-            return None
+        if self.window != SigmaWindow():  # a window: the one host read of a model call
+            sigma = sigma_value(t)
+            if not self.window.contains(sigma):
+                return None
+        else:
+            sigma = step_signal(t)  # the seeded picks are drawn on the sigma's device: no host read
         ambiguous = ambiguous_lengths(diffusion_model, context, extra)
         if layout.length in ambiguous:
             self.warn_once("ambiguous", f"ToMe: {layout.grid_tokens} video tokens equal the length of the text or of "

@@ -21,8 +21,8 @@ import torch
 from ...catalogue.comfy_dits import ComfyDiT, base_model
 from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
-from ...engine.kv_state import KVPatchState
-from ...engine.schedule import SigmaWindow, sigma_value
+from ...engine.kv_state import KVPatchState, call_label
+from ...engine.schedule import SigmaWindow, sigma_value, step_signal
 from ...engine.token_merge import GridMatch, TokenMerge, match_grid, merge_window
 from .layout import refuse_unplaceable, token_layout
 from .reach import unreached_error
@@ -41,6 +41,7 @@ class _MergeCall:
         self.layout, self.sigma, self.probe = layout, sigma, probe  # probe: only record that a block was reached
         self.zero_refs = zero_refs  # reference tokens get their own (zero) timestep's modulation, by position
         self.match: Optional[GridMatch] = None
+        self.destinations: Optional[torch.Tensor] = None  # the step's seeded destinations (drawn before the call)
         self.merges: Dict[TokenLayout, TokenMerge] = {}
         self.pe: Dict[Any, Tuple[Any, Any]] = {}  # the cut rotary tables and per-token inputs, by input (and stream)
         self.reached = False
@@ -69,6 +70,20 @@ class DiTMergePatch(KVPatchState):
         model's forward would otherwise drop ToMe silently)."""
         options = transformer_options if transformer_options is not None else {}
         call = self._plan(executor.class_obj, x, t, c_crossattn, kwargs)
+        if call is not None and self.config.speed_check != "off":
+            def run(reduced: bool) -> None:
+                if reduced:
+                    options[CALL_KEY] = self._plan(executor.class_obj, x, t, c_crossattn, kwargs)
+                try:
+                    with torch.no_grad():
+                        executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+                finally:
+                    options.pop(CALL_KEY, None)
+
+            batch = int(x.shape[0])
+            if not self.call_pays((type(executor.class_obj).__name__, call.layout, batch),
+                                  call_label(call.layout.grid, batch), x.dtype, x.device, run):
+                call = None
         if call is None and (self.reach_checked or not self.config.enabled):
             return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
         if call is None:  # the first call, outside the schedule: only check that the block patches are reached
@@ -93,14 +108,21 @@ class DiTMergePatch(KVPatchState):
         layout = token_layout(base.diffusion_model, x, context, extra)
         if layout is None or layout.grid_tokens < max(config.min_tokens, 4):
             return None
-        sigma = sigma_value(t)  # one host read per model call (not per block): the schedule and the seed
-        if not self.window.contains(sigma):
-            return None
+        if self.window != SigmaWindow():  # a window: the one host read of a model call
+            sigma = sigma_value(t)
+            if not self.window.contains(sigma):
+                return None
+        else:
+            sigma = step_signal(t)  # the seeded destinations are drawn on the sigma's device: no host read
         model = base_model(base.diffusion_model)
         params = getattr(model, "params", None)  # Flux keeps it in its params, Qwen-Image on the model
         method = extra.get("ref_latents_method", getattr(model, "default_ref_method",
                                                          getattr(params, "default_ref_method", None)))
-        return _MergeCall(layout, sigma, zero_refs=method == _MergeCall.REFERENCE_METHOD)
+        call = _MergeCall(layout, sigma, zero_refs=method == _MergeCall.REFERENCE_METHOD)
+        # drawn here, outside any compiled block: the seeded destinations never reach traced code
+        call.destinations = self.destinations_for(layout.grid, merge_window(layout.grid, config.sx, config.sy),
+                                                  sigma, x.device)
+        return call
 
     def _references(self) -> ValueError:
         return ValueError(f"ToMe: mode merge does not reduce {self.family.name} calls whose reference images take the "
@@ -159,7 +181,9 @@ class DiTMergePatch(KVPatchState):
         if call.match is None:
             config = self.config
             window = merge_window(layout.grid, config.sx, config.sy)
-            destinations = self.destinations_for(layout.grid, window, call.sigma, img.device)
+            destinations = call.destinations
+            if destinations.device != img.device:
+                destinations = destinations.to(img.device)
             tokens = img[:, stream.prefix:stream.prefix + layout.grid_tokens]
             call.match = match_grid(tokens, layout.grid, config.ratio, destinations, window)
         merge = call.merge_on(stream)
