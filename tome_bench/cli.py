@@ -257,8 +257,8 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
     try:
         return BenchConfig(
             families=families, resolutions=resolutions, ratios=args.ratios,
-            methods=args.methods or methods, batch=args.batch or batch, dtype=dtype, repeats=repeats,
-            max_repeats=max_repeats, budget_s=budget,
+            methods=args.methods or methods, batch=batch if args.batch is None else args.batch, dtype=dtype,
+            repeats=repeats, max_repeats=max_repeats, budget_s=budget,
             compile=args.compile or (bool(compile_part) if compile_part is not None else False),
             peaked=args.peaked, guidance=args.guidance, scale="tiny" if args.tiny else "full",
             seed=args.seed, max_downsample=args.max_downsample, use_rand=args.use_rand,
