@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import comfy_env
-from comfy_env import PromptInvalid, advanced, api_prompt, run_image
+from comfy_env import PromptInvalid, advanced, api_prompt, pixels, run_image
 
 EXAMPLES = comfy_env.REPO / "example_workflows" / "api"
 
@@ -105,8 +105,11 @@ def test_the_package_exports_exactly_one_registration_for_this_host(comfy):
 @pytest.mark.parametrize("path", saved_workflows(), ids=lambda path: path.name)
 def test_saved_workflow_loads_and_runs(comfy, checkpoint, path):
     prompt = small(json.loads(path.read_text()), f"saved_{path.stem}")
-    image = run_image(comfy, prompt)
-    assert np.isfinite(image).all() and image.std() > 0
+    result = comfy.run(prompt)
+    assert result.success, result.error_message()
+    assert result.images  # one image, or one per side of a comparison (ToMe_SD15_compare)
+    for image in map(pixels, result.images):
+        assert np.isfinite(image).all() and image.std() > 0
 
 
 def test_saved_workflow_without_kv_downsample_still_runs(comfy, checkpoint):
