@@ -55,7 +55,7 @@ class KVPatchState:
             _LOG.warning(message)
 
     def _generator(self, grid: Tuple[int, ...], step_key: float) -> "torch.Generator | None":
-        """A seeded generator (UNets' partition seed of (seed, step_key, grid)), None for centre picks (use_rand off)."""
+        """A generator seeded like UNets' partitions (seed, step_key, grid); None for centre picks (no use_rand)."""
         if not self.config.use_rand:
             return None
         rows = grid[-2] * (grid[0] if len(grid) == 3 else 1)

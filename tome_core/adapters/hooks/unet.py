@@ -263,7 +263,8 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
     Ratio 0 registers no hook at all. Otherwise the UNet's pre-hook runs once per model call and attaches the
     hooks of the levels reduced in that call (``PatchState.attach``); the blocks of other levels run untouched.
     """
-    state = PatchState(config=config, merger=TokenMerger(config, attention_base_downsample(unet), attention_levels(unet)))
+    merger = TokenMerger(config, attention_base_downsample(unet), attention_levels(unet))
+    state = PatchState(config=config, merger=merger)
     state.num_blocks = len(transformer_blocks(unet))
     setattr(unet, STATE_ATTR, state)
     if not config.enabled:
@@ -276,7 +277,7 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
             _hook_block(block, state, level)
     windowed = config.start_percent > 0 or config.end_percent < 1
     needs_step = state.merger.needs_step()
-    merger, mode = state.merger, config.mode
+    mode = config.mode
 
     @not_compiled
     def record_step(module, args, kwargs):
@@ -297,7 +298,7 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
         wanted, grids = set(), {}
         if state.active:
             batch, dtype = int(sample.shape[0]), compute_dtype(module, sample)
-            state.call = (module, args, kwargs, sample.device)  # the speed check repeats this call (run_level), once per shape
+            state.call = (module, args, kwargs, sample.device)  # what the speed check repeats (run_level)
             try:
                 state.tables = merger.step_tables(latent_hw, state.step_key, sample.device, batch, dtype,
                                                   state.run_level)
