@@ -173,3 +173,25 @@ def test_model_patcher_apply_model_wrapper_reads_the_step_once_and_the_blocks_ne
         unpatched = blocks(direct, {})  # no original_shape: the patches leave every block alone
         active = not (config["start_percent"] > 0 and sigma == 14.0)
         assert any(not torch.equal(o, u) for o, u in zip(outs, unpatched)) == active
+
+
+def test_model_patcher_patches_sit_out_a_call_that_reduces_nothing():
+    """ComfyUI 0.3.x: outside the window, or with every level left whole, the APPLY_MODEL wrapper hands the model
+    a call whose patch lists lack ToMe's (no ToMe code in any block); they are back for the next call, and another
+    node's patches stay."""
+    other = lambda n, context, value, extra_options: (n, context, value)  # noqa: E731 - another node's patch
+    for config, window, sigma in ((ToMeConfig(ratio=0.5, start_percent=0.3), SigmaWindow(high=10.0, low=0.0), 14.0),
+                                  (ToMeConfig(ratio=0.5, min_tokens=1 << 20), SigmaWindow(), 5.0)):
+        patches = make_patches(config, base_downsample=1, window=window)
+        listed = {"attn1_patch": [other, patches.attn1], "attn1_output_patch": [patches.attn1_output]}
+        options = {"patches": listed}
+        seen = []
+
+        def executor(x, t, c_concat, c_crossattn, control, transformer_options, **kwargs):
+            seen.append({kind: list(fns) for kind, fns in transformer_options["patches"].items()})
+
+        with torch.inference_mode():
+            patches.apply_model_wrapper(executor, torch.zeros(2, 4, 32, 32), torch.full((2,), sigma), None, None,
+                                        None, options)
+        assert seen[-1] == {"attn1_patch": [other], "attn1_output_patch": []}
+        assert options["patches"] is listed and listed["attn1_patch"] == [other, patches.attn1]
