@@ -272,6 +272,13 @@ def format_markdown(rows: list[dict], title: str = "") -> str:
 
 
 def write_json(result: dict, path: Path) -> Path:
+    """Write a run's result, led by the device and commit it was measured on (from its ``environment``), which every
+    JSON in docs/results names."""
+    env = result.get("environment") or {}
+    if env and "device" not in result:
+        device = env.get("gpu") or (f"cpu ({env['cpu']}, {env.get('cpu_count')} cores)" if env.get("cpu")
+                                    else env.get("device", "cpu"))
+        result = {"device": device, "commit": env.get("commit"), **result}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, allow_nan=True) + "\n")
     return path
