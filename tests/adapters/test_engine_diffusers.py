@@ -192,11 +192,13 @@ def test_partition_changes_with_the_step(sd15_unet):
     sample, _, context, _ = make_inputs(sd15_unet, "sd15", batch=2, height_px=256, width_px=256, seed=5)
     tome_core.apply_patch(sd15_unet, ratio=0.5, use_rand=True)
     state = sd15_unet._tome_core
-    for t in (900.0, 100.0):
+    partitions = []
+    for t in (900.0, 100.0, 900.0):
         unet_output(sd15_unet, (sample, torch.full((2,), t), context, None))
-    partitions = list(state.merger._partitions.values())
+        partitions.append(state.tables[(32, 32)])  # this call's partition of level 1 (drawn for its step)
     tome_core.remove_patch(sd15_unet)
-    assert len(partitions) == 2 and not torch.equal(partitions[0].dst_idx, partitions[1].dst_idx)
+    assert not torch.equal(partitions[0].dst_idx, partitions[1].dst_idx)
+    assert torch.equal(partitions[0].dst_idx, partitions[2].dst_idx)  # the same step draws the same partition
 
 
 def test_step_schedule_limits_where_tome_acts(sd15_unet):
