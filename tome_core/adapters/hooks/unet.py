@@ -36,24 +36,37 @@ class Removable(Protocol):
 class LevelHooks:
     """The hooks of one UNet level's blocks, registered only while that level is reduced in a model call.
 
-    hooks: (module, hook, kind) with kind "pre" (a pre-hook taking kwargs) or "post" or "post-always".
+    hooks: (module, hook, kind, earlier) with kind "pre" (a pre-hook taking kwargs) or "post" or "post-always",
+    and earlier the ids of the module's hooks of that kind that were there at ``apply_patch``: registered later,
+    ToMe's hook still runs where it would have run had it stayed (after those, before any hook added since).
     """
 
     def __init__(self) -> None:
-        self.hooks: List[Tuple[torch.nn.Module, Callable, str]] = []
+        self.hooks: List[Tuple[torch.nn.Module, Callable, str, frozenset]] = []
         self.handles: List[Removable] = []
 
+    def add(self, module: torch.nn.Module, hook: Callable, kind: str) -> None:
+        self.hooks.append((module, hook, kind, frozenset(_hook_dict(module, kind))))
+
     def attach(self) -> None:
-        for module, hook, kind in self.hooks:
+        for module, hook, kind, earlier in self.hooks:
             if kind == "pre":
-                self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+                handle = module.register_forward_pre_hook(hook, with_kwargs=True)
             else:
-                self.handles.append(module.register_forward_hook(hook, always_call=kind == "post-always"))
+                handle = module.register_forward_hook(hook, always_call=kind == "post-always")
+            self.handles.append(handle)
+            hooks = _hook_dict(module, kind)
+            for key in [key for key in hooks if key not in earlier and key != handle.id]:
+                hooks.move_to_end(key)  # hooks added after apply_patch run after ToMe's, as they did
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+
+
+def _hook_dict(module: torch.nn.Module, kind: str):
+    return module._forward_pre_hooks if kind == "pre" else module._forward_hooks
 
 
 @dataclass
@@ -201,11 +214,13 @@ def _hook_block(block: torch.nn.Module, state: PatchState, level: LevelHooks) ->
         # nothing made inside the graph to write back into ``current`` (a graph break otherwise).
         current[0] = IDENTITY_PLAN
 
-    level.hooks += [(block, make_plan, "pre"), (block, forget_plan, "post-always")]
+    level.add(block, make_plan, "pre")
+    level.add(block, forget_plan, "post-always")
     for enabled, name in ((config.merge_attn, "attn1"), (config.merge_crossattn, "attn2"), (config.merge_mlp, "ff")):
         module = getattr(block, name, None)
         if enabled and module is not None:
-            level.hooks += [(module, merge_input, "pre"), (module, unmerge_output, "post")]
+            level.add(module, merge_input, "pre")
+            level.add(module, unmerge_output, "post")
 
 
 def _hook_kv(attention: torch.nn.Module, state: PatchState, level: LevelHooks) -> None:
@@ -231,7 +246,7 @@ def _hook_kv(attention: torch.nn.Module, state: PatchState, level: LevelHooks) -
         kwargs[context_name] = plan.reduce_kv(hidden)
         return args[:1], kwargs
 
-    level.hooks.append((attention, pool_keys_values, "pre"))
+    level.add(attention, pool_keys_values, "pre")
 
 
 def guarded_modules(unet: torch.nn.Module, config: ToMeConfig) -> List[Guarded]:
