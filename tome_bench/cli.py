@@ -164,7 +164,7 @@ def _add_how_to_measure(p: argparse.ArgumentParser) -> None:
                    help="seconds for the whole run after which no extra rounds start (default: "
                         f"{DEFAULTS['budget_s']:.0f} for the default run, none otherwise)")
     p.add_argument("--compile", action="store_true",
-                   help="also run every variant compiled: torch.compile(unet) (inductor) after "
+                   help="also run every variant compiled: torch.compile(model) (inductor; UNets and DiTs) after "
                         "patching; compile time, compiled speed-ups vs compiled and eager vanilla")
     p.add_argument("--peaked", type=float, default=3.0,
                    help="also measure errors with self-attention q/k scaled by this factor "

@@ -60,8 +60,6 @@ def check_config(cfg, method_names: tuple[str, ...]) -> None:
     if any(m.split("@")[0] == "merge" for m in method_names) and unmerged:
         raise ValueError(f"methods: merge does not reach {', '.join(unmerged)} yet (mode merge on DiTs: "
                          f"{merging_families()}); run those with --methods vanilla,kv")
-    if cfg.compile:
-        raise ValueError("--compile is for UNet families only; DiT families run eager")
     if cfg.blocks < 1:
         raise ValueError(f"blocks must be >= 1, got {cfg.blocks}")
     if cfg.frames < 1 or cfg.frames % 4 != 1:

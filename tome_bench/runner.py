@@ -326,15 +326,15 @@ def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: 
             break
     if cfg.compile:
         for v in variants:
-            m.compiled[v] = _compile_variant(unet, inputs, v, cfg)
+            m.compiled[v] = _compile_variant(unet, inputs, v, cfg, forward)
             progress(f"{v.label} compiled")
     return m
 
 
-def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig) -> dict:
-    """Patch, then ``torch.compile(unet)`` as a user would; the first call (compilation) is
-    timed apart, a second call warms the rest, then ``cfg.repeats`` calls back to back, counting
-    graphs compiled during them (``recompiles``, 0 expected). Errors are reported, not hidden."""
+def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig, forward=measure.forward) -> dict:
+    """Patch, then ``torch.compile(model)`` as a user would (a UNet, or a DiT with its case's ``forward``); the
+    first call (compilation) is timed apart, a second call warms the rest, then ``cfg.repeats`` calls back to
+    back, counting graphs compiled during them (``recompiles``, 0 expected). Errors are reported, not hidden."""
     import torch._dynamo
 
     device = torch.device(cfg.device)
@@ -345,11 +345,11 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig)
             # diffusers' lru_cache'd version checks: dynamo traces through them, harmlessly
             warnings.filterwarnings("ignore", message=".*functools.lru_cache.*")
             compiled = torch.compile(unet)
-            first_s, out = measure.timed(lambda: measure.forward(compiled, inputs), device)
+            first_s, out = measure.timed(lambda: forward(compiled, inputs), device)
             # A warm-up call: no graph is expected from it or later (tests: a 12-step loop, both modes).
-            measure.forward(compiled, inputs)
+            forward(compiled, inputs)
             before = graphs["unique_graphs"]
-            times = [measure.timed(lambda: measure.forward(compiled, inputs), device)[0]
+            times = [measure.timed(lambda: forward(compiled, inputs), device)[0]
                      for _ in range(cfg.repeats)]
             recompiles = graphs["unique_graphs"] - before
     except Exception as e:  # noqa: BLE001 - any compile failure is a result to report
@@ -396,7 +396,8 @@ def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Meas
     return row
 
 
-def _compiled_row(eager: dict, v: Variant, base: Variant, m: _Measured, cfg: BenchConfig) -> dict:
+def _compiled_row(eager: dict, v: Variant, base: Variant, m: _Measured, cfg: BenchConfig,
+                  errors=measure.errors) -> dict:
     c, cb = m.compiled[v], m.compiled[base]
     row = {k: eager[k] for k in ("family", "scale", "width", "height", "latent", "batch",
                                  "dtype", "device", "method", "ratio", "label")}
@@ -413,7 +414,7 @@ def _compiled_row(eager: dict, v: Variant, base: Variant, m: _Measured, cfg: Ben
         row["speedup"] = statistics.median(cb["times"]) / t
         row["speedup_best"] = min(cb["times"]) / min(c["times"])
     # compiled output against the eager vanilla output: compile error and patch error together
-    row["rel_err"], row["cfg_err"] = measure.errors(c["out"], m.out[base], cfg.guidance)
+    row["rel_err"], row["cfg_err"] = errors(c["out"], m.out[base], cfg.guidance)
     return row
 
 
@@ -440,7 +441,7 @@ def run_case(model, family: str, size: tuple[int, int], variants: list[Variant],
     rows = [dict(_row(family, size, v, variants[0], m, cfg, ranks, ratios, case.errors), **extra)
             for v in variants]
     if cfg.compile:
-        rows += [_compiled_row(r, v, variants[0], m, cfg) for r, v in zip(rows[:], variants)]
+        rows += [_compiled_row(r, v, variants[0], m, cfg, case.errors) for r, v in zip(rows[:], variants)]
     return rows
 
 
