@@ -10,7 +10,7 @@ per model call, never per block.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
@@ -30,6 +30,17 @@ def step_signal(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value if value.numel() else 0.0
     return 0.0 if value is None else float(max(value) if isinstance(value, (list, tuple)) else value)
+
+
+def call_step(timestep: Any, config: Any, progress: Callable[[float], float]) -> Tuple[bool, Any]:
+    """(whether ToMe is on, the step key) of a model call given its timestep. A user-set window (``config``'s
+    start/end_percent) needs the step's value: the one host read of a call; otherwise nothing is read and the
+    step goes on as it is (``step_signal``: the seeded tables are drawn on its device). progress: the family's
+    timestep-to-progress map (``TimestepScale.progress``)."""
+    if config.start_percent > 0 or config.end_percent < 1:
+        value = timestep_value(timestep) or 0.0
+        return config.in_schedule(progress(value)), value
+    return True, step_signal(timestep)
 
 
 def sigma_value(sigmas: Any) -> Optional[float]:

@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...engine.blocks import chosen_blocks
 from ...engine.config import ToMeConfig, require_dit_config
-from ...engine.schedule import step_signal, timestep_value
+from ...engine.schedule import call_step
 from .call_memo import CallMemo
 from .call_timing import repeat_call
 from .unet import not_compiled
@@ -105,12 +105,9 @@ def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     if layout.grid_tokens < max(config.min_tokens, 2):
         return
     timestep = kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)
-    if config.start_percent > 0 or config.end_percent < 1:  # a window: the one host read of a model call
-        step = timestep_value(timestep) or 0.0
-        if not config.in_schedule(spec.progress(step)):
-            return
-    else:
-        step = step_signal(timestep)  # the seeded picks are drawn on the step's device: no host read
+    on, step = call_step(timestep, config, spec.progress)  # reads the step only for a user-set window
+    if not on:
+        return
     window = dit_window(config.ratio, layout.grid, config.sx, config.sy)
     if all(s == 1 for s in window):
         return

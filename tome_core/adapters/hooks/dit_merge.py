@@ -19,7 +19,7 @@ from ...catalogue.diffusers_dits import family_of
 from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
 from ...engine.kv_state import KVPatchState, call_label
-from ...engine.schedule import step_signal, timestep_value
+from ...engine.schedule import call_step
 from ...engine.token_merge import GridMatch, TokenMerge, match_grid, merge_window
 from .call_memo import CallMemo
 from .call_timing import repeat_call
@@ -89,12 +89,9 @@ def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     if stream.grid_tokens < max(config.min_tokens, 4):
         return
     timestep = kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)
-    if config.start_percent > 0 or config.end_percent < 1:  # a window: the one host read of a model call
-        step = timestep_value(timestep) or 0.0
-        if not config.in_schedule(spec.progress(step)):
-            return
-    else:
-        step = step_signal(timestep)  # the seeded destinations are drawn on the step's device: no host read
+    on, step = call_step(timestep, config, spec.progress)  # reads the step only for a user-set window
+    if not on:
+        return
     device = next(model.parameters()).device
 
     def new_call() -> _Call:
