@@ -147,8 +147,12 @@ def test_a_single_file_checkpoint_renders_as_its_pipeline_folder(compared, pipel
     folder = np.asarray(PIL_Image.open(compared[0] / "compare.png").convert("RGB"))
     cw, _ = cell_size(64, 64)
     left = (cw - 64) // 2
-    for column, folder_column in ((0, 0), (1, 2)):  # plain, ratio=0.5
-        assert np.array_equal(single[:64, column * cw + left:][:, :64], folder[:64, folder_column * cw + left:][:, :64])
+    # plain, ratio=0.5: the same images up to float rounding (single-threaded, the converted weights' other layout
+    # takes other GEMM kernels at merged token counts: one pixel one level apart was seen)
+    for column, folder_column in ((0, 0), (1, 2)):
+        a = single[:64, column * cw + left:][:, :64].astype(int)
+        b = folder[:64, folder_column * cw + left:][:, :64].astype(int)
+        assert np.abs(a - b).max() <= 1 and (a != b).mean() < 1e-3, (column, np.abs(a - b).max(), (a != b).sum())
 
 
 def test_what_is_not_a_pipeline_or_a_prompt_is_refused(pipeline, tmp_path, capsys):
