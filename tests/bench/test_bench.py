@@ -758,9 +758,8 @@ def test_dit_blocks_cli_refuses_bad_arguments_with_one_line(capsys, argv, messag
 
 def test_compile_a_patched_tiny_dit_in_mode_merge():
     """--compile on a DiT: merge patched, then torch.compile (inductor) on the tiny diffusers Flux at 64 px; equal to
-    eager merge. The recompiles it counts are reported in the row, not required to be 0: the diffusers hooks key
-    their per-call rotary cut by the rope tuple's id, a guard that fails at every call (ComfyUI's Flux under
-    TorchCompileModel does not recompile: tests/comfyui/test_comfy_compile.py)."""
+    eager merge, and no graph compiled during the timed calls (the per-call rotary cut was keyed by the table's id,
+    a guard that failed at every call)."""
     pytest.importorskip("diffusers")
     from tome_bench import dit_models, measure
     from tome_bench.methods import Variant, patched
@@ -777,6 +776,6 @@ def test_compile_a_patched_tiny_dit_in_mode_merge():
     plain = forward(model, inputs)
     c = _compile_variant(model, inputs, merge, cfg, forward)
     assert "error" not in c, c.get("error")
-    assert c["recompiles"] >= 0 and len(c["times"]) == 2 and c["first_s"] > 0
+    assert c["recompiles"] == 0 and len(c["times"]) == 2 and c["first_s"] > 0
     assert measure.rel_l2(c["out"], eager) < 1e-4 and measure.rel_l2(c["out"], plain) > 1e-3
     assert torch.equal(forward(model, inputs), plain)  # patch removed afterwards

@@ -42,7 +42,7 @@ class _Call:
         self.match: Optional[GridMatch] = None
         self.destinations: Optional[torch.Tensor] = None  # the step's seeded destinations (drawn before the call)
         self.merges: Dict[TokenLayout, TokenMerge] = {}
-        self.rope: Dict[int, Any] = {}
+        self.rope: Dict[str, Any] = {}  # keyword -> the rotary table cut to the kept tokens
 
     @property
     def merge(self) -> Optional[TokenMerge]:
@@ -173,9 +173,12 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
         for key in inputs.rope_keys:
             rope = named.get(key)
             if rope is not None and inputs.rope is not None:
-                if id(rope) not in call.rope:  # one cut per call: every block gets the same table
-                    call.rope[id(rope)] = (rope, inputs.rope(rope, call.merge, call.text))
-                named[key] = call.rope[id(rope)][1]
+                # one cut per call and keyword: the model computes its rotary table once per call and hands every
+                # block the same one (keyed by name, not by the table's id: under torch.compile an id is a guard
+                # that fails at every call, a recompile per step)
+                if key not in call.rope:
+                    call.rope[key] = inputs.rope(rope, call.merge, call.text)
+                named[key] = call.rope[key]
         for key in inputs.per_token:
             value = named.get(key)
             if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == merge.length:
