@@ -51,6 +51,8 @@ class ToMeConfig:
     matching: mode "merge" only: "block" (tomesd's: every block matches its own input) or "level"
         (the first block of a level matches its input once per model call, and the level's other
         blocks reuse that matching: one matching instead of one per block, a different result).
+    match_every: mode "merge" with matching "level", and DiT merge: one model call in ``match_every``
+        matches, the calls between reuse its matching (ToMA, CA-ToMe; engine/reuse.py); 1 = every call.
     speed_check: "off" (tomesd's: every selected level is reduced), "auto" (on a GPU, each level is
         timed once per device and shape and left whole where reducing it measured slower; the CPU is
         not timed) or "on" (timed on any device, the CPU included). See speed_check.py.
@@ -76,6 +78,7 @@ class ToMeConfig:
     mode: str = "merge"
     kv_downsample: str = "nearest"
     matching: str = "block"
+    match_every: int = 1
     speed_check: str = "off"
     seed: int = 0
     start_percent: float = 0.0
@@ -115,6 +118,10 @@ class ToMeConfig:
                 "merge_mlp=False, or use mode='merge'."
             )
         _require_int("seed", self.seed, 0)
+        _require_int("match_every", self.match_every, 1)
+        if self.match_every > 1 and self.mode != "merge":
+            raise ValueError(f"ToMe: match_every={self.match_every} reuses a merge's matching; mode={self.mode!r} "
+                             "has none: set match_every=1, or mode='merge'.")
         _require_int("min_tokens", self.min_tokens, 0)
         start = _require_real("start_percent", self.start_percent)
         end = _require_real("end_percent", self.end_percent)
@@ -154,11 +161,18 @@ class ToMeConfig:
 
 
 def require_all_blocks(config: ToMeConfig, model_name: str) -> None:
-    """UNets have no block range (max_downsample picks their levels): refuse one rather than ignore it."""
+    """What a UNet cannot take, refused naming the fix: a block range (max_downsample picks its levels), and
+    match_every with matching "block" (only a level's one matching per call is kept across calls)."""
     if config.block_range() != (0.0, 1.0):
         raise ValueError(
             f"ToMe: block_start/block_end choose a share of a DiT's blocks (Flux, Qwen-Image, Wan, LTX-2, ...); {model_name} is a "
             "UNet, whose levels max_downsample chooses: set block_start=0.0 and block_end=1.0."
+        )
+    if config.match_every > 1 and config.matching != "level":
+        raise ValueError(
+            f"ToMe: match_every={config.match_every} reuses a level's matching across model calls; on a UNet "
+            f"({model_name}) that needs matching='level' (matching='block' matches every block anew): set "
+            "matching='level', or match_every=1."
         )
 
 

@@ -9,6 +9,7 @@ import torch
 
 from .config import ToMeConfig
 from .plan import draw_table, partition_seed
+from .reuse import MatchingReuse
 from .speed_check import Verdict, call_verdict
 from .grid import TokenLayout
 from .kv import dit_window, keep_index, pick_index_nd
@@ -32,6 +33,7 @@ class KVPatchState:
         self._warned: set = set()
         self.reduced_calls = 0
         self.verdicts: Dict[str, Verdict] = {}  # the speed check's, by call shape (call_pays)
+        self.reuse = MatchingReuse(config.match_every)  # mode merge: GridMatches kept across calls (match_every)
 
     def call_pays(self, what: Tuple, label: str, dtype: torch.dtype, device: torch.device,
                   run: Optional[Callable[[bool], object]]) -> bool:

@@ -18,6 +18,7 @@ import torch
 
 from .config import ToMeConfig
 from .levels import Level, grid_for_tokens
+from .reuse import MatchingReuse
 from .speed_check import Verdict, verdict
 from .merge import (Partition, TokenFn, do_nothing, kv_pick_index, kv_pool_window, make_partition, match_tokens,
                     pool_tokens, to_device)
@@ -54,7 +55,7 @@ class LevelMatching:
     this object when the graph ends (a graph break otherwise).
     """
 
-    __slots__ = ("partition", "plan", "shape", "blocks", "uses")
+    __slots__ = ("partition", "plan", "shape", "blocks", "uses", "kept", "keep")
 
     def __init__(self, partition: Partition, blocks: int = 0) -> None:
         self.partition = partition
@@ -62,6 +63,8 @@ class LevelMatching:
         self.shape: Optional[Tuple[int, ...]] = None
         self.blocks = blocks
         self.uses = 0
+        self.kept: Optional[Tuple[TokenPlan, Tuple[int, ...]]] = None  # an earlier call's plan to reuse (match_every)
+        self.keep: Optional[Callable[[Any], None]] = None  # where this call's fresh plan is kept for the next calls
 
     def take(self) -> TokenPlan:
         """The shared plan for one more block; the level's last block leaves nothing behind."""
@@ -104,6 +107,7 @@ class TokenMerger:
         self._layouts: Dict[Tuple, List[Tuple[Tuple[int, int], int, bool]]] = {}
         self._step: List[Any] = [None, 0]  # the last step tensor and its step_choice (draw_table)
         self._warned_grid = False
+        self.reuse = MatchingReuse(config.match_every)  # level matchings kept across calls (match_every > 1)
         # The config is frozen, so mode "kv"'s pooling window is the same for every block and step.
         self._kv_window = kv_pool_window(config.ratio, config.sx, config.sy)
 
@@ -187,6 +191,8 @@ class TokenMerger:
         head = f"ToMe {config.mode} r={config.ratio:g} on UNet levels {levels} (1 = the first attention level)"
         if config.mode == "merge":
             head += f", matching per {config.matching}"
+            if config.match_every > 1:
+                head += f", each matching reused for {config.match_every} model calls"
         if config.speed_check == "off":
             return [head + "; speed check off: every selected level is reduced"]
         lines = [head + f"; speed check {config.speed_check}" + (
@@ -231,7 +237,11 @@ class TokenMerger:
         """
         tables: Dict[Tuple[int, int], Any] = {}
         for grid, downsample, pays in self.call_layout(latent_hw, device, batch, dtype, run_level):
-            tables[grid] = self.call_table(grid, step_key, device, downsample) if pays else WHOLE
+            table = tables[grid] = self.call_table(grid, step_key, device, downsample) if pays else WHOLE
+            if self.reuse.on and isinstance(table, LevelMatching):
+                key = (grid, batch, str(device))
+                table.kept = self.reuse.take(key)
+                table.keep = lambda plan_and_shape, key=key: self.reuse.keep(key, plan_and_shape)
         return tables
 
     def call_layout(self, latent_hw: Tuple[int, int], device: torch.device, batch: int = 0,
@@ -271,8 +281,15 @@ class TokenMerger:
                 return TokenPlan(active=True, reduce_kv=lambda x: pool_tokens(x, h, w, window))
             return TokenPlan(active=True, reduce_kv=lambda x: x.index_select(1, table))
         if isinstance(table, LevelMatching):
-            if table.plan is None or table.shape != tuple(hidden.shape[:2]):
-                table.plan, table.shape = self.plan_with(hidden, grid, table.partition), tuple(hidden.shape[:2])
+            shape = tuple(hidden.shape[:2])
+            if table.plan is None or table.shape != shape:
+                kept = None if torch.compiler.is_compiling() else table.kept  # compiled: nothing outlives a graph
+                if kept is not None and kept[1] == shape:
+                    table.plan, table.shape = kept  # match_every: an earlier call's matching
+                else:
+                    table.plan, table.shape = self.plan_with(hidden, grid, table.partition), shape
+                    if table.keep is not None:
+                        table.keep((table.plan, shape))
             return table.take()
         matching = match_tokens(hidden, table, int(hidden.shape[1] * config.ratio))
         if matching is None:

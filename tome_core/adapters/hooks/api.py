@@ -27,6 +27,7 @@ def apply_patch(
     mode: Optional[str] = None,
     kv_downsample: str = "nearest",
     matching: str = "block",
+    match_every: int = 1,
     speed_check: str = "off",
     seed: int = 0,
     start_percent: float = 0.0,
@@ -50,6 +51,9 @@ def apply_patch(
     block_start/block_end pick the share of their blocks, in depth order, that is reduced (block_start None: the
     model's default, on Flux its single blocks); UNets refuse a range (max_downsample picks their levels).
     matching "level" (mode merge) matches each level once per model call instead of once per block.
+    match_every N > 1 (UNets with matching "level", DiT merge) reuses a call's matching in the next N - 1
+    calls of the same shape (off under torch.compile); diffusers marks no sampling run, so the count runs on
+    across generations (``restart_matching`` starts it afresh).
     speed_check "auto" times each UNet level once per GPU and shape and leaves it whole where reducing
     it measured slower ("on": on any device); the default "off" keeps tomesd's behaviour. ``describe``
     says what was decided.
@@ -62,7 +66,7 @@ def apply_patch(
     config = ToMeConfig(
         ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, kv_downsample=kv_downsample,
-        matching=matching, speed_check=speed_check, seed=seed,
+        matching=matching, match_every=match_every, speed_check=speed_check, seed=seed,
         start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens,
         block_start=block_start, block_end=block_end,
     )

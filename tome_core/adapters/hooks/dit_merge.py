@@ -94,14 +94,16 @@ def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         return
     device = next(model.parameters()).device
 
-    def new_call() -> _Call:
+    def new_call(reuse: bool = False) -> _Call:
         call = _Call(stream, tokens.text, step, text_last=state.family.text == "last")
+        if reuse:  # match_every: an earlier call's matching of this grid (GridMatch holds no batch axis)
+            call.match = state.reuse.take(stream.grid)
         # drawn here, outside any compiled block: the seeded destinations never reach traced code
         call.destinations = state.destinations_for(stream.grid, merge_window(stream.grid, config.sx, config.sy),
                                                    step, device)
         return call
 
-    state.current = new_call()
+    state.current = new_call(state.reuse.on)
     if config.speed_check != "off":
         again = repeat_call(model, args, kwargs)
 
@@ -159,7 +161,7 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
             state.warn_once(f"mask:{name}", f"ToMe: {name}: called with {', '.join(masked)} (one entry per token "
                             "pair, which merged tokens have no counterpart for); this block runs whole.")
             return None
-        if call.match is None:
+        if call.match is None or call.match.target.device != hidden.device:
             config = state.config
             window = merge_window(stream.grid, config.sx, config.sy)
             destinations = call.destinations
@@ -167,6 +169,7 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
                 destinations = destinations.to(hidden.device)
             tokens = hidden[:, stream.prefix:stream.prefix + stream.grid_tokens]
             call.match = match_grid(tokens, stream.grid, config.ratio, destinations, window)
+            state.reuse.keep(stream.grid, call.match)
         merge = call.merge_on(stream)
         merged = merge.merge(hidden)
         named[inputs.hidden] = merged

@@ -70,6 +70,9 @@ class DiTMergePatch(KVPatchState):
         model's forward would otherwise drop ToMe silently)."""
         options = transformer_options if transformer_options is not None else {}
         call = self._plan(executor.class_obj, x, t, c_crossattn, kwargs)
+        if call is not None and self.reuse.on:  # match_every: an earlier call's matching, never the last run's
+            self.reuse.restart_on(options.get("sample_sigmas"))
+            call.match = self.reuse.take(call.layout.grid)
         if call is not None and self.config.speed_check != "off":
             def run(reduced: bool) -> None:
                 if reduced:
@@ -178,7 +181,7 @@ class DiTMergePatch(KVPatchState):
         if after > 0 and call.zero_refs:
             raise self._references()
         stream = TokenLayout(layout.grid, prefix=prefix, suffix=after)
-        if call.match is None:
+        if call.match is None or call.match.target.device != img.device:
             config = self.config
             window = merge_window(layout.grid, config.sx, config.sy)
             destinations = call.destinations
@@ -186,6 +189,7 @@ class DiTMergePatch(KVPatchState):
                 destinations = destinations.to(img.device)
             tokens = img[:, stream.prefix:stream.prefix + layout.grid_tokens]
             call.match = match_grid(tokens, layout.grid, config.ratio, destinations, window)
+            self.reuse.keep(layout.grid, call.match)
         merge = call.merge_on(stream)
         merged = merge.merge(img)
         # ComfyUI's Flux and LTX-2 blocks add to their input in place (x += ...): the update is taken against a copy

@@ -280,6 +280,8 @@ class UNetPatchState:
         elif self.merger.needs_step() and t is not None:
             step = t
         self.call_step = step
+        if self.merger.reuse.on:  # match_every: a sampling run never starts on the last run's matching
+            self.merger.reuse.restart_on(options.get("sample_sigmas"))
         run_level = None
         if rerun is not None:
             def run_level(grid: Tuple[int, int], downsample: int, reduced: bool) -> None:

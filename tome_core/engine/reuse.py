@@ -1,0 +1,57 @@
+"""Reusing a matching across model calls (``ToMeConfig.match_every``), as ToMA and CA-ToMe do across steps.
+
+Why it is a count and not a step: which step a call is at lives on the device (a timestep or sigma tensor), and
+reading it stops the host from running ahead of the GPU; a count of model calls of one shape costs nothing.
+A host that knows where a sampling run starts (ComfyUI: a new ``sample_sigmas``) calls ``restart`` there, so
+a run never starts on the last run's matching. Kept matchings are per key (grid, batch, device): a call of
+another shape gets its own. Under torch.compile nothing is kept (the matching made inside a compiled graph
+must not outlive it), so every call matches afresh there.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Hashable, List, Optional
+
+import torch
+
+_MAX_KEYS = 32
+
+
+class MatchingReuse:
+    """Matchings kept for ``every`` model calls each: the call that made one and the ``every - 1`` after it."""
+
+    __slots__ = ("every", "kept", "marker")
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.kept: Dict[Hashable, List[Any]] = {}  # key -> [calls it has served, matching]
+        self.marker: Any = None  # what the host last said a sampling run is (``restart_on``)
+
+    @property
+    def on(self) -> bool:
+        return self.every > 1
+
+    def take(self, key: Hashable) -> Optional[Any]:
+        """The matching to reuse in this call (counted as one more use), or None: match afresh and ``keep`` it."""
+        entry = self.kept.get(key)
+        if entry is None or entry[0] >= self.every:
+            return None
+        entry[0] += 1
+        return entry[1]
+
+    def keep(self, key: Hashable, matching: Any) -> None:
+        """A matching made in this call: reused by the next ``every - 1`` calls of ``key``."""
+        if not self.on or torch.compiler.is_compiling():
+            return
+        if key not in self.kept and len(self.kept) >= _MAX_KEYS:
+            self.kept.clear()
+        self.kept[key] = [1, matching]
+
+    def restart(self) -> None:
+        """Forget every kept matching: the next call of each key matches afresh."""
+        self.kept.clear()
+
+    def restart_on(self, marker: Any) -> None:
+        """``restart`` when the host's sampling-run marker (an object, compared by identity) changed."""
+        if marker is not self.marker:
+            self.marker = marker
+            self.restart()
