@@ -9,7 +9,8 @@ from .engine.config import ToMeConfig
 from .catalogue.unets import attention_base_downsample
 from .engine.levels import grid_for_tokens
 from .engine.merge import bipartite_soft_matching, kv_pick_index, kv_pool_window, make_partition, pool_tokens
-from .adapters.hooks.api import apply_config, apply_patch, describe, is_patched, patch_config, remove_patch
+from .adapters.hooks.api import (apply_config, apply_patch, describe, is_patched, patch_config, remove_patch,
+                                 restart_matching)
 from .engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 from ._version import __version__  # one source: [project] version in pyproject.toml
 
@@ -31,4 +32,5 @@ __all__ = [
     "patch_config",
     "pool_tokens",
     "remove_patch",
+    "restart_matching",
 ]

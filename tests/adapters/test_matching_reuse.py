@@ -175,3 +175,25 @@ def test_under_torch_compile_every_call_matches_and_nothing_recompiles():
     finally:
         tome_core.remove_patch(model)
         torch._dynamo.reset()
+
+
+def test_restart_matching_makes_the_next_call_match_afresh(unet):
+    a, b = unet_inputs(unet, 1), unet_inputs(unet, 2)
+    fresh_b = outputs(unet, [b], forward, **LEVEL)[0]
+    tome_core.apply_patch(unet, match_every=4, **LEVEL)
+    try:
+        forward(unet, a)
+        tome_core.restart_matching(unet)  # a new generation in a diffusers script
+        assert torch.equal(forward(unet, b), fresh_b)
+    finally:
+        tome_core.remove_patch(unet)
+    model, inputs, _ = flux(batch=1)
+    tome_core.apply_patch(model, mode="merge", ratio=0.5, match_every=4)
+    try:
+        run_dit(model, inputs)
+        assert model._tome_dit.reuse.kept
+        tome_core.restart_matching(model)
+        assert not model._tome_dit.reuse.kept
+        assert "each matching reused for 4 model calls" in tome_core.describe(model)
+    finally:
+        tome_core.remove_patch(model)

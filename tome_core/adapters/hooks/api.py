@@ -118,6 +118,15 @@ def remove_patch(model: Model) -> Model:
     return model
 
 
+def restart_matching(model: object) -> None:
+    """Match afresh at the next model call (``match_every``): diffusers marks no sampling run, so a script that
+    runs generations one after another calls this between them; no call then reuses the last run's matching."""
+    for module in patched_modules(model, STATE_ATTR):
+        getattr(module, STATE_ATTR).merger.reuse.restart()
+    for module in patched_modules(model, diffusers_dit.STATE_ATTR):
+        module.__dict__[diffusers_dit.STATE_ATTR].reuse.restart()
+
+
 def is_patched(model: object) -> bool:
     return bool(patched_modules(model, STATE_ATTR) or patched_modules(model, diffusers_dit.STATE_ATTR))
 
@@ -135,6 +144,8 @@ def describe(model: object) -> str:
         config = state.config
         what = "blocks carry merged image tokens" if config.mode == "merge" else "attentions reduced"
         head = f"ToMe {config.mode} r={config.ratio:g} on {type(dits[0]).__name__}: {len(state.modules)} {what}"
+        if config.match_every > 1:
+            head += f", each matching reused for {config.match_every} model calls"
         if config.speed_check == "off":
             return head + "; speed check off: every call is reduced"
         lines = [head + f"; speed check {config.speed_check}: each call shape is timed once per device "
