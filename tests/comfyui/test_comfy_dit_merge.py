@@ -395,3 +395,18 @@ def test_wan_humo_refuses_merge_naming_it(comfy):
     patcher = test_comfy_families.wan_humo(comfy)[0]
     with pytest.raises(ValueError, match="HumoWanModel is not among them.*mode='kv'"):
         patch_dit_model_patcher(patcher, merge(0.5))
+
+
+def test_match_every_reuses_within_a_run_and_each_run_starts_afresh(comfy):
+    """Two steps with match_every=3: the second step runs on the first's matching; a second run with the same
+    seed gives the same image (ComfyUI's new sample_sigmas restarts the count: no run starts on the last run's)."""
+    patcher, latent, cond, _ = FAMILIES["flux"](comfy)
+    every_call = sample(comfy, patch_dit_model_patcher(patcher, merge(0.5)), latent, cond)
+    reusing = patch_dit_model_patcher(patcher, merge(0.5, match_every=3))
+    first = sample(comfy, reusing, latent, cond)
+    assert not torch.equal(first, every_call)
+    assert torch.equal(sample(comfy, reusing, latent, cond), first)
+    one_step = sample(comfy, patch_dit_model_patcher(patcher, merge(0.5)), latent, cond, steps=1)
+    assert torch.equal(sample(comfy, reusing, latent, cond, steps=1), one_step)  # the first call matches
+    with pytest.raises(ValueError, match="mode='merge'"):
+        ToMeConfig(ratio=0.5, mode="kv", match_every=2)

@@ -219,6 +219,16 @@ def test_patcher_refuses_what_it_cannot_do():
     assert source.clones == 0
 
 
+def test_match_every_is_refused_where_the_host_has_no_model_wrapper():
+    """Forge and the 2024 ComfyUI call no per-call wrapper, so no matching could be kept: refused before cloning."""
+    source = StandInPatcher(BaseModel(StandInUNet()))
+    with pytest.raises(ValueError, match="match_every=2 .* needs ComfyUI 0.3's model wrappers.*set match_every=1"):
+        patch_model_patcher(source, ToMeConfig(matching="level", match_every=2))
+    with pytest.raises(ValueError, match="matching='level'"):
+        patch_model_patcher(source, ToMeConfig(match_every=2))
+    assert source.clones == 0
+
+
 def test_merge_mode_merges_keys_values_and_restores_the_output():
     patches = make_patches(ToMeConfig(ratio=0.5), base_downsample=1)
     n = torch.randn(2, 64, 16)

@@ -476,6 +476,10 @@ def check_model_patcher(patcher: Any, config: ToMeConfig) -> Tuple[int, SigmaWin
                          "feed-forward); set merge_mlp=False.")
     base = base_downsample_of(patcher)  # refuses non-UNets, naming the model, before the block range
     require_all_blocks(config, model_type_name(patcher))
+    if config.match_every > 1 and not callable(getattr(patcher, "add_wrapper_with_key", None)):
+        raise ValueError(f"ToMe: match_every={config.match_every} keeps a matching across model calls, which needs "
+                         "ComfyUI 0.3's model wrappers; this host (Forge, or a ComfyUI from before them) has none: "
+                         "set match_every=1, or update ComfyUI.")
     refuse_partner_before(patcher, config)
     return base, sigma_window(patcher, config)
 
