@@ -14,6 +14,7 @@ from pathlib import Path
 ERRORS = (("cfg_err_peaked", "CFG error, peaked attention"), ("cfg_err", "CFG error"),
           ("rel_err_peaked", "error, peaked attention"), ("rel_err", "error"))
 _STYLE = {"merge": ("tab:blue", "o"), "merge-level": ("tab:cyan", "D"), "merge-auto": ("tab:purple", "P"),
+          "merge-reuse": ("tab:olive", "X"),
           "kv": ("tab:orange", "s"), "kv-avg": ("tab:brown", "v"), "tomesd": ("tab:green", "^")}
 _EXTRA = ("tab:red", "tab:pink", "tab:olive", "tab:gray")
 

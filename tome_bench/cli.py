@@ -61,7 +61,9 @@ GPU_SUITE = (("sd15", "512,1024,2048", GPU_METHODS, False, True),
              ("sdxl", "1024,2048", GPU_METHODS, False, True),
              ("sd15", "1024", "vanilla,merge,merge-level,kv@0.75", True, False),
              # batch 8: a compute-bound step, the regime of smaller GPUs (a fast GPU at batch 2 is launch-bound)
-             ("sd15", "512,1024", "vanilla,merge-level,merge-auto,kv@0.75,tomesd", False, False, 8))
+             ("sd15", "512,1024", "vanilla,merge-level,merge-auto,kv@0.75,tomesd", False, False, 8),
+             # launch-bound SD1.5 512²: what keeping the matching for 3 calls saves (match_every)
+             ("sd15", "512", "vanilla,merge-level,merge-reuse", False, False))
 GPU_SUITE_ROUNDS = dict(repeats=3, max_repeats=6)
 
 

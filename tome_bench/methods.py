@@ -12,12 +12,14 @@ from typing import Iterator
 
 import torch
 
-METHODS = ("vanilla", "merge", "merge-level", "merge-auto", "kv", "kv-avg", "tomesd")
+METHODS = ("vanilla", "merge", "merge-level", "merge-auto", "merge-reuse", "kv", "kv-avg", "tomesd")
 DEFAULT_METHODS = ("vanilla", "merge", "kv", "tomesd")
 # tome_core.apply_patch options of this project's methods
 OUR_METHODS = {"merge": {"mode": "merge"}, "merge-level": {"mode": "merge", "matching": "level"},
                # what the ComfyUI nodes and the WebUI do by default (speed check on GPUs)
                "merge-auto": {"mode": "merge", "matching": "level", "speed_check": "auto"},
+               # level matching kept for 3 model calls (match_every): what reusing the matching saves per call
+               "merge-reuse": {"mode": "merge", "matching": "level", "match_every": 3},
                "kv": {"mode": "kv"}, "kv-avg": {"mode": "kv", "kv_downsample": "avg"}}
 # what each method name means, for the report
 DESCRIPTIONS = {
@@ -26,6 +28,9 @@ DESCRIPTIONS = {
     "merge-level": "tome_core.apply_patch(mode='merge', matching='level'): one matching per level and call",
     "merge-auto": "tome_core.apply_patch(mode='merge', matching='level', speed_check='auto'): the ComfyUI/WebUI "
                   "default; on a GPU a level measured slower is left whole",
+    "merge-reuse": "tome_core.apply_patch(mode='merge', matching='level', match_every=3): two calls in three reuse "
+                   "the matching (its error column is a matching call's; the error of reuse across steps: "
+                   "python -m tome_bench.experiments.matching_reuse)",
     "kv": "tome_core.apply_patch(mode='kv')",
     "kv-avg": "tome_core.apply_patch(mode='kv', kv_downsample='avg')",
     "tomesd": "tomesd.apply_patch (reference package)",

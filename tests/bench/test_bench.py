@@ -130,7 +130,8 @@ def test_experiments_are_modules_that_run_only_when_asked():
     import tome_bench.experiments as experiments
 
     names = sorted(m.name for m in pkgutil.iter_modules(experiments.__path__))
-    assert names == ["fixed_cost", "kv_vs_tomesd_seeds", "ltx2_audio_keys", "ltx2_ffn_merge", "math_attention_memory"]
+    assert {"fixed_cost", "kv_vs_tomesd_seeds", "ltx2_audio_keys", "ltx2_ffn_merge", "math_attention_memory",
+            "matching_reuse"} <= set(names)
     for name in names:
         module = importlib.import_module(f"tome_bench.experiments.{name}")
         assert callable(module.main) and f"python -m tome_bench.experiments.{name}" in module.__doc__
@@ -526,13 +527,14 @@ def test_presets_and_gpu_suite_configs():
     assert [(c.families, c.resolutions, c.compile, c.batch) for c in suite] == [
         (("sd15",), ((512, 512), (1024, 1024), (2048, 2048)), False, 2),
         (("sdxl",), ((1024, 1024), (2048, 2048)), False, 2), (("sd15",), ((1024, 1024),), True, 2),
-        (("sd15",), ((512, 512), (1024, 1024)), False, 8)]  # batch 8: the compute-bound regime of smaller GPUs
+        (("sd15",), ((512, 512), (1024, 1024)), False, 8),  # batch 8: the compute-bound regime of smaller GPUs
+        (("sd15",), ((512, 512),), False, 2)]  # level matching against its reuse (match_every), launch-bound
     assert all((c.repeats, c.max_repeats) == (3, 6) for c in suite)
     assert "merge-auto" in suite[0].methods and suite[2].methods == ("vanilla", "merge", "merge-level", "kv@0.75")
     assert [c.families for c in configs("--gpu-suite", "--families", "sdxl", "--device", "cpu",
                                         "--dtype", "bf16")] == [("sdxl",)]
     from tome_bench.cli import _profiled
-    assert _profiled(build_parser().parse_args(["--gpu-suite"])) == [True, True, False, False]
+    assert _profiled(build_parser().parse_args(["--gpu-suite"])) == [True, True, False, False, False]
 
 
 def test_clock_estimates_from_measured_forwards():
