@@ -30,7 +30,7 @@ from tome_bench.op_count import count_ops
 from . import results_path
 
 UNET_FAMILIES = ("sd15",)
-SIZES = {"sd15": (512, 512), "flux": (1024, 1024), "qwen_image": (1024, 1024), "wan": (832, 480)}
+SIZES = {"sd15": (512, 512), "flux": (512, 512), "qwen_image": (512, 512), "wan": (832, 480)}  # CPU-sized
 PEAKED = 3.0
 GUIDANCE = 7.5
 
@@ -55,9 +55,11 @@ _TIMESTEP = {"flux": ("timestep", 1.0), "qwen_image": ("timestep", 1.0), "wan": 
 
 
 def dit_trajectory(family: str, px: Tuple[int, int], steps: int, photo: str, frames: int,
-                   blocks: int, scale: str = "full") -> Tuple[torch.nn.Module, List[dict]]:
-    """The DiT (``blocks`` deep, bf16) and one forward's inputs per step: sigma 0.9 down to 0.1, flow matching."""
-    model = torch.nn.Module.to(dit_models.build_dit(family, blocks, scale=scale), torch.bfloat16)
+                   blocks: int, scale: str = "full",
+                   dtype: torch.dtype = torch.bfloat16) -> Tuple[torch.nn.Module, List[dict]]:
+    """The DiT (``blocks`` deep, in ``dtype``) and one forward's inputs per step: sigma 0.9 down to 0.1, flow
+    matching."""
+    model = torch.nn.Module.to(dit_models.build_dit(family, blocks, scale=scale), dtype)
     width, height = px
     inputs = dit_models.make_dit_inputs(model, family, 2, height, width, frames, dtype=torch.float32)
     f, h, w = dit_models.latent_shape(family, height, width, frames)
@@ -68,7 +70,7 @@ def dit_trajectory(family: str, px: Tuple[int, int], steps: int, photo: str, fra
     for sigma in torch.linspace(0.9, 0.1, steps).tolist():
         call = dict(inputs, hidden_states=(1 - sigma) * x0 + sigma * noise)
         call[key] = torch.full_like(inputs[key], sigma * scale)
-        calls.append(dit_models._cast(call, torch.bfloat16))
+        calls.append(dit_models._cast(call, dtype))
     return model, calls
 
 
@@ -94,19 +96,21 @@ def errors_of(family: str, y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def run_family(family: str, everies: List[int], ratio: float, steps: int, photo: str, frames: int, blocks: int,
-               rounds: int, size: Tuple[int, int] = None, scale: str = "full") -> dict:
+               rounds: int, size: Tuple[int, int] = None, scale: str = "full",
+               dtype: torch.dtype = torch.bfloat16) -> dict:
     size = size or SIZES[family]
     if family in UNET_FAMILIES:
         model, calls = unet_trajectory(family, size, steps, photo, scale)
         peaked = peaked_attention(model, PEAKED)
     else:
-        model, calls = dit_trajectory(family, size, steps, photo, frames, blocks, scale)
+        model, calls = dit_trajectory(family, size, steps, photo, frames, blocks, scale, dtype)
         peaked = dit_models.peaked_attention(model, PEAKED)
     forward = forward_of(family, model)
     rows: Dict[int, dict] = {}
     with peaked:
+        start = time.perf_counter()
         reference = [forward(c) for c in calls]
-        times: Dict[object, List[float]] = {"vanilla": []}
+        times: Dict[object, List[float]] = {"vanilla": [time.perf_counter() - start]}
 
         def run_all(every: object) -> Tuple[float, List[torch.Tensor]]:
             if every != "vanilla":
@@ -141,10 +145,11 @@ def run_family(family: str, everies: List[int], ratio: float, steps: int, photo:
         vanilla_ops, _ = count_ops(lambda: forward(calls[0]))
     base = statistics.median(times["vanilla"])
     first = statistics.median(times[everies[0]])
-    for every, row in rows.items():
-        row["speedup_vs_vanilla"] = round(base / statistics.median(times[every]), 3)
-        row["speedup_vs_every_call"] = round(first / statistics.median(times[every]), 3)
-    return dict(family=family, scale=scale, size=f"{size[0]}x{size[1]}" + (f" x {frames} frames" if family == "wan" else ""),
+    for every, row in rows.items():  # timed only with rounds (the error pass alone is no timing)
+        row["speedup_vs_vanilla"] = round(base / statistics.median(times[every]), 3) if rounds else None
+        row["speedup_vs_every_call"] = round(first / statistics.median(times[every]), 3) if rounds else None
+    return dict(family=family, scale=scale, dtype=str(dtype).replace("torch.", "") if family not in UNET_FAMILIES
+                else "float32", size=f"{size[0]}x{size[1]}" + (f" x {frames} frames" if family == "wan" else ""),
                 ratio=ratio, steps=steps, photo=photo, blocks=None if family in UNET_FAMILIES else blocks,
                 ops=dict(vanilla=vanilla_ops.total, matching_call=matched.total, reusing_call=reused.total,
                          saved_per_reused_call=matched.total - reused.total,
@@ -160,7 +165,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--frames", type=int, default=9, help="Wan's pixel frames (latent: (frames - 1) / 4 + 1)")
     parser.add_argument("--blocks", type=int, default=2, help="DiT depth, as the bench's --blocks")
-    parser.add_argument("--rounds", type=int, default=2, help="timed rounds after the error pass")
+    parser.add_argument("--rounds", type=int, default=2, help="timed rounds after the error pass (0: errors and "
+                        "op counts only)")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="DiTs' dtype (UNets: fp32)")
     parser.add_argument("--photo", default="astronaut")
     parser.add_argument("--size", default=None, help="WxH for every family (default: each family's, SIZES)")
     parser.add_argument("--tiny", action="store_true", help="the tests' tiny models (a check that it runs)")
@@ -171,7 +178,7 @@ def main(argv=None) -> dict:
     for family in args.families.split(","):
         size = tuple(int(v) for v in args.size.split("x")) if args.size else None
         found = run_family(family, everies, args.ratio, args.steps, args.photo, args.frames, args.blocks, args.rounds,
-                           size, "tiny" if args.tiny else "full")
+                           size, "tiny" if args.tiny else "full", measure.DTYPES[args.dtype])
         results.append(found)
         print(json.dumps(found, indent=1), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
