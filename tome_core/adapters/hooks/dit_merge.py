@@ -40,6 +40,7 @@ class _Call:
         self.joint = (TokenLayout(stream.grid, prefix=stream.prefix, suffix=stream.suffix + text) if text_last else
                       TokenLayout(stream.grid, prefix=text + stream.prefix, suffix=stream.suffix))
         self.match: Optional[GridMatch] = None
+        self.reuse_key: Tuple = ()  # (grid, device) under which match_every keeps this call's matching
         self.destinations: Optional[torch.Tensor] = None  # the step's seeded destinations (drawn before the call)
         self.merges: Dict[TokenLayout, TokenMerge] = {}
         self.rope: Dict[str, Any] = {}  # keyword -> the rotary table cut to the kept tokens
@@ -96,8 +97,9 @@ def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
 
     def new_call(reuse: bool = False) -> _Call:
         call = _Call(stream, tokens.text, step, text_last=state.family.text == "last")
+        call.reuse_key = (stream.grid, str(device))
         if reuse:  # match_every: an earlier call's matching of this grid (GridMatch holds no batch axis)
-            call.match = state.reuse.take(stream.grid)
+            call.match = state.reuse.take(call.reuse_key)
         # drawn here, outside any compiled block: the seeded destinations never reach traced code
         call.destinations = state.destinations_for(stream.grid, merge_window(stream.grid, config.sx, config.sy),
                                                    step, device)
@@ -161,7 +163,7 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
             state.warn_once(f"mask:{name}", f"ToMe: {name}: called with {', '.join(masked)} (one entry per token "
                             "pair, which merged tokens have no counterpart for); this block runs whole.")
             return None
-        if call.match is None or call.match.target.device != hidden.device:
+        if call.match is None:
             config = state.config
             window = merge_window(stream.grid, config.sx, config.sy)
             destinations = call.destinations
@@ -169,7 +171,7 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
                 destinations = destinations.to(hidden.device)
             tokens = hidden[:, stream.prefix:stream.prefix + stream.grid_tokens]
             call.match = match_grid(tokens, stream.grid, config.ratio, destinations, window)
-            state.reuse.keep(stream.grid, call.match)
+            state.reuse.keep(call.reuse_key, call.match)
         merge = call.merge_on(stream)
         merged = merge.merge(hidden)
         named[inputs.hidden] = merged

@@ -41,6 +41,7 @@ class _MergeCall:
         self.layout, self.sigma, self.probe = layout, sigma, probe  # probe: only record that a block was reached
         self.zero_refs = zero_refs  # reference tokens get their own (zero) timestep's modulation, by position
         self.match: Optional[GridMatch] = None
+        self.reuse_key: Tuple = ()  # (grid, device) under which match_every keeps this call's matching
         self.destinations: Optional[torch.Tensor] = None  # the step's seeded destinations (drawn before the call)
         self.merges: Dict[TokenLayout, TokenMerge] = {}
         self.pe: Dict[Any, Tuple[Any, Any]] = {}  # the cut rotary tables and per-token inputs, by input (and stream)
@@ -72,7 +73,7 @@ class DiTMergePatch(KVPatchState):
         call = self._plan(executor.class_obj, x, t, c_crossattn, kwargs)
         if call is not None and self.reuse.on:  # match_every: an earlier call's matching, never the last run's
             self.reuse.restart_on(options.get("sample_sigmas"))
-            call.match = self.reuse.take(call.layout.grid)
+            call.match = self.reuse.take(call.reuse_key)
         if call is not None and self.config.speed_check != "off":
             def run(reduced: bool) -> None:
                 if reduced:
@@ -122,6 +123,7 @@ class DiTMergePatch(KVPatchState):
         method = extra.get("ref_latents_method", getattr(model, "default_ref_method",
                                                          getattr(params, "default_ref_method", None)))
         call = _MergeCall(layout, sigma, zero_refs=method == _MergeCall.REFERENCE_METHOD)
+        call.reuse_key = (layout.grid, str(x.device))
         # drawn here, outside any compiled block: the seeded destinations never reach traced code
         call.destinations = self.destinations_for(layout.grid, merge_window(layout.grid, config.sx, config.sy),
                                                   sigma, x.device)
@@ -181,7 +183,7 @@ class DiTMergePatch(KVPatchState):
         if after > 0 and call.zero_refs:
             raise self._references()
         stream = TokenLayout(layout.grid, prefix=prefix, suffix=after)
-        if call.match is None or call.match.target.device != img.device:
+        if call.match is None:
             config = self.config
             window = merge_window(layout.grid, config.sx, config.sy)
             destinations = call.destinations
@@ -189,7 +191,7 @@ class DiTMergePatch(KVPatchState):
                 destinations = destinations.to(img.device)
             tokens = img[:, stream.prefix:stream.prefix + layout.grid_tokens]
             call.match = match_grid(tokens, layout.grid, config.ratio, destinations, window)
-            self.reuse.keep(layout.grid, call.match)
+            self.reuse.keep(call.reuse_key, call.match)
         merge = call.merge_on(stream)
         merged = merge.merge(img)
         # ComfyUI's Flux and LTX-2 blocks add to their input in place (x += ...): the update is taken against a copy
