@@ -11,8 +11,10 @@ Stand-ins (Forge itself cannot be installed here), following Forge's code:
   ``forge_objects_after_applying_lora``, which Forge copies back before every sampling pass
   (modules/processing.py ``sample`` / ``sample_hr_pass``) before calling
   ``process_before_every_sampling``.
-- ``forge_apply``: backend/sampling/sampling_function.py's model call: the patcher's
-  ``transformer_options`` copied, ``"sigmas"`` set, ``model.apply_model(x, sigma, c_crossattn=...)``.
+- ``forge_apply``: backend/sampling/sampling_function.py's model call (``calc_cond_uncond_batch``): the
+  patcher's ``transformer_options`` copied, ``"sigmas"`` set, then ``model_options["model_function_wrapper"](
+  model.apply_model, {"input", "timestep", "c", "cond_or_uncond"})`` where a wrapper is set (ToMe sets one),
+  else ``model.apply_model(x, sigma, **c)``.
 - The model config handed to ``BaseModel`` is an SD1.5 config without CLIP (``supported_models``
   needs transformers); the UNet is ComfyUI's openaimodel with SD1.5's layout, channels reduced.
 """
@@ -94,11 +96,16 @@ class ForgeModel:
 
     def forge_apply(self, x, t, context):
         patcher = self.forge_objects.unet
-        options = patcher.model_options.get("transformer_options", {}).copy()
+        model_options = patcher.model_options
+        options = model_options.get("transformer_options", {}).copy()
         sigma = patcher.model.model_sampling.sigma(t)
         options["sigmas"] = sigma
         self.patches_seen.append(len(options.get("patches", {}).get("attn1_patch", [])))
-        return patcher.model.apply_model(x, sigma, c_crossattn=context, transformer_options=options)
+        c = {"c_crossattn": context, "transformer_options": options}
+        if "model_function_wrapper" in model_options:
+            return model_options["model_function_wrapper"](patcher.model.apply_model, {
+                "input": x, "timestep": sigma, "c": c, "cond_or_uncond": [0] * x.shape[0]})
+        return patcher.model.apply_model(x, sigma, **c)
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +189,39 @@ def test_a_forge_that_does_not_restore_the_unet_between_passes_never_stacks_two_
     model = no_restore_forge_model(comfy_patcher)
     wd.txt2img(make_p(model, host, script, script_args(hr_ratio=0.0), enable_hr=True, steps=1), forge=True)
     assert model.patches_seen == [1, 0]
+
+
+@pytest.mark.parametrize("matching, per_call", [("level", 1), ("block", 5)])
+def test_forge_matches_once_per_level_and_model_call(script, host, comfy_patcher, monkeypatch, matching, per_call):
+    """Forge has no model wrappers: ToMe's model_function_wrapper (the slot Forge's sampling_function calls) builds
+    each call's tables, so "level" matches once per level and call (level 1: 5 blocks), as in ComfyUI 0.3."""
+    import tome_core.engine.plan as plan
+
+    count = [0]
+    real = plan.match_tokens
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plan, "match_tokens", counting)
+    _, model = forge_run(host, script, comfy_patcher, script_args(matching=matching, speed_check="off"))
+    assert model.patches_seen and set(model.patches_seen) == {1}
+    assert count[0] == per_call * len(model.patches_seen)
+
+
+def test_forge_keeps_a_wrapper_set_before_tome_acting(script, host, comfy_patcher):
+    """Forge's one model_function_wrapper slot (e.g. its built-in MultiDiffusion sets it): a wrapper already on
+    the UNet when ToMe patches it is called in turn by ToMe's, so both act."""
+    calls = []
+
+    def wrapper(apply_model, args):
+        calls.append(tuple(args["input"].shape))
+        return apply_model(args["input"], args["timestep"], **args["c"])
+
+    wrapped = comfy_patcher.clone()
+    wrapped.set_model_unet_function_wrapper(wrapper)
+    alone, _ = forge_run(host, script, comfy_patcher, script_args(speed_check="off"))
+    both, model = forge_run(host, script, wrapped, script_args(speed_check="off"))
+    assert len(calls) == len(model.patches_seen) > 0
+    assert torch.equal(both.images[0], alone.images[0])

@@ -19,16 +19,13 @@ _MAX_KEYS = 32
 class MatchingReuse:
     """Matchings kept for ``every`` model calls each: the call that made one and the ``every - 1`` after it."""
 
-    __slots__ = ("every", "kept", "marker")
+    __slots__ = ("every", "on", "kept", "marker")
 
     def __init__(self, every: int) -> None:
         self.every = every
+        self.on = every > 1  # an attribute, not a property: read once per level in every model call
         self.kept: Dict[Hashable, List[Any]] = {}  # key -> [calls it has served, matching]
         self.marker: Any = None  # what the host last said a sampling run is (``restart_on``)
-
-    @property
-    def on(self) -> bool:
-        return self.every > 1
 
     def take(self, key: Hashable) -> Optional[Any]:
         """The matching to reuse in this call (counted as one more use), or None: match afresh and ``keep`` it."""

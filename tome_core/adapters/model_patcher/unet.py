@@ -18,6 +18,8 @@ through a cell in the closure made per ``patch_model_patcher`` call, never throu
 """
 from __future__ import annotations
 
+import logging
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -30,6 +32,8 @@ from ...catalogue.comfy_dits import supported_names
 from ...catalogue.unets import attention_base_downsample, attention_levels
 from ...engine.plan import IDENTITY_PLAN, WHOLE, TokenMerger, TokenPlan
 from ...engine.schedule import SigmaWindow, sigma_value
+
+log = logging.getLogger("tome_core")
 
 SUPPORTED_MODELS = "SD1.x, SD2.x and SDXL-family UNet models (SSD-1B, Playground v2, ...)"
 _REQUIRED_METHODS = ("clone", "set_model_attn1_patch", "set_model_attn1_output_patch")
@@ -124,6 +128,17 @@ def _latent_hw(extra_options: dict) -> Optional[Tuple[int, int]]:
     return int(shape[-2]), int(shape[-1])
 
 
+def level_token_counts(latent_hw: Tuple[int, int]) -> frozenset:
+    """The token counts of every UNet level of a latent (each power-of-two downsampling, rounded up and down): a
+    block whose count is one of them and not a level this call reduces is left alone without a look at its grid."""
+    height, width, counts, downsample = latent_hw[0], latent_hw[1], set(), 1
+    while downsample <= max(height, width):
+        for rounding in (math.ceil, math.floor):
+            counts.add(max(1, rounding(height / downsample)) * max(1, rounding(width / downsample)))
+        downsample *= 2
+    return frozenset(counts)
+
+
 def _same_tokens(a: Optional[torch.Tensor], n: torch.Tensor) -> bool:
     return isinstance(a, torch.Tensor) and a.dim() == 3 and a.shape[:2] == n.shape[:2]
 
@@ -212,15 +227,19 @@ class ComfyPatches:
     reads the step once per model call outside the diffusion model and hands the blocks this
     call's per-level tables through ``transformer_options[tables_key]``: the patches then never
     read a float or seed a generator, so ComfyUI's TorchCompileModel traces them without a graph
-    break or a per-step recompile. Without it (2024 ComfyUI, Forge) the patches read the step
-    themselves, once per model call (``StepSigma``).
+    break or a per-step recompile. Hosts without them (the 2024 ComfyUI, Forge) get the same work
+    from ``model_function_wrapper`` in their one ``model_options["model_function_wrapper"]`` slot,
+    chained to a wrapper already there (``with_previous``). Where a node set after ToMe replaced it,
+    the patches read the step themselves, once per model call (``StepSigma``), and match per block.
     """
 
     attn1: Callable
     attn1_output: Callable
     apply_model_wrapper: Callable
+    model_function_wrapper: Callable[[Optional[Callable]], Callable]
     tables_key: str
     merger: TokenMerger
+    state: "UNetPatchState"
     partner_check: Optional[Callable] = None
     attn2: Optional[Callable] = None
     attn2_output: Optional[Callable] = None
@@ -230,15 +249,6 @@ def levels_of(patcher: Any) -> Dict[int, Level]:
     """The attention levels of the patcher's UNet (for the speed check); {} where it has none."""
     unet = _model_object(patcher, "diffusion_model")
     return attention_levels(unet) if isinstance(unet, torch.nn.Module) else {}
-
-
-def _call_dtype(executor: Any, x: torch.Tensor) -> torch.dtype:
-    """The dtype the model computes in (ComfyUI's BaseModel: manual_cast_dtype, else get_dtype())."""
-    model = getattr(executor, "class_obj", None)
-    dtype = getattr(model, "manual_cast_dtype", None)
-    if not isinstance(dtype, torch.dtype) and callable(getattr(model, "get_dtype", None)):
-        dtype = model.get_dtype()
-    return dtype if isinstance(dtype, torch.dtype) else x.dtype
 
 
 class UNetPatchState:
@@ -260,42 +270,83 @@ class UNetPatchState:
         self.call_step: Any = 0.0  # the step key (a float or the sigma tensor) of the call in progress
         self.own_patch: Optional[Callable] = None  # this model's attn1 patch, for the partner checks
         self.own_patches: Tuple[Callable, ...] = ()  # all of this model's patch functions
+        self.fallback_patches: Tuple[Callable, ...] = ()  # patches only for calls no wrapper of ToMe's prepared
+        self.function_wrapper = False  # registered as model_function_wrapper (its slot can be taken by a later node)
+        self.warned_unwrapped = False
+        self.needs_step = self.merger.needs_step()  # the config is frozen
+        self.level_tokens: Dict[Tuple[int, int], frozenset] = {}  # latent (h, w) -> level_token_counts
+        self.checked_attn1: Tuple[Callable, ...] = ()  # the attn1 patches last checked for a partner after ToMe
 
-    def prepare_call(self, executor: Any, x: torch.Tensor, t: Any, options: dict,
-                     rerun: Optional[Callable[[], Any]] = None) -> bool:
+    def prepare_call(self, model: Any, x: torch.Tensor, t: Any, options: dict,
+                     rerun: Optional[Callable[[], Any]] = None) -> Optional[dict]:
         """Before a model call: refuse a partner registered after ToMe, and hand the blocks this call's per-level
         tables through ``options`` (only tables reach traced code: a float there would be guarded on, a recompile
         per step). The step is read on the host only where a window needs it; a random partition is drawn from
         the sigma tensor on its device (engine ``step_choice``). rerun(): the model call once more, which the
-        speed check times whole and with each level reduced (once per shape). Returns whether ToMe reduces
-        nothing in this call (outside its window, or every level left whole), so its patches sit the call out."""
-        refuse_partner_after(attn1_patches_of(options), self.own_patch, self.config)
+        speed check times whole and with each level reduced (once per shape).
+
+        Where the call reduces nothing (outside its window, or every level left whole) ToMe's patches sit it out:
+        ``options["patches"]`` becomes lists without them, and the lists it had are returned: the wrapper puts
+        them back after the call and drops the call's tables (``options.pop(tables_key)``).
+        Written for a fast GPU, where every Python call here is launch time: a handful per model call."""
+        attn1 = tuple((options.get("patches") or {}).get("attn1_patch") or ())
+        if attn1 != self.checked_attn1 and self.config.mode == "merge":  # the same patches in every call of a run
+            refuse_partner_after(list(attn1), self.own_patch, self.config)
+            self.checked_attn1 = attn1
         step: Any = 0.0
+        grids: dict = {}
         if self.windowed:
             sigma = sigma_value(t)  # the one host read of this model call
+            step = 0.0 if sigma is None else sigma
             if sigma is not None and not self.window.contains(sigma):
                 options[self.tables_key] = _OFF
-                return True
-            step = 0.0 if sigma is None else sigma
-        elif self.merger.needs_step() and t is not None:
+                return self._hand_patches(options, self.own_patches)
+        elif self.needs_step and t is not None:
             step = t
         self.call_step = step
         if self.merger.reuse.on:  # match_every: a sampling run never starts on the last run's matching
             self.merger.reuse.restart_on(options.get("sample_sigmas"))
+        hw = (int(x.shape[-2]), int(x.shape[-1]))
+        levels = self.level_tokens.get(hw)
+        if levels is None:
+            levels = self.level_tokens[hw] = level_token_counts(hw)
         run_level = None
         if rerun is not None:
             def run_level(grid: Tuple[int, int], downsample: int, reduced: bool) -> None:
                 table = self.merger.call_table(grid, step, x.device, downsample)
-                options[self.tables_key] = ({grid: table}, {grid[0] * grid[1]: grid}) if reduced else _OFF
+                tokens = grid[0] * grid[1]
+                options[self.tables_key] = ({grid: table}, {tokens: grid}, levels - {tokens}) if reduced else _OFF
                 rerun()
-        tables = self.merger.step_tables((int(x.shape[-2]), int(x.shape[-1])), step, x.device, int(x.shape[0]),
-                                         _call_dtype(executor, x), run_level)
-        grids = {}
+        dtype = getattr(model, "manual_cast_dtype", None)  # what ComfyUI's BaseModel computes in
+        if not isinstance(dtype, torch.dtype):
+            get_dtype = getattr(model, "get_dtype", None)
+            dtype = get_dtype() if callable(get_dtype) else None
+            dtype = dtype if isinstance(dtype, torch.dtype) else x.dtype
+        tables = self.merger.step_tables(hw, step, x.device, int(x.shape[0]), dtype, run_level)
         for grid, table in tables.items():
             if table is not WHOLE:
                 grids[grid[0] * grid[1]] = grid
-        options[self.tables_key] = (tables, grids)
-        return not grids
+        options[self.tables_key] = (tables, grids, levels - grids.keys())
+        drop = self.fallback_patches if grids else self.own_patches
+        return self._hand_patches(options, drop) if drop else None
+
+    @staticmethod
+    def _hand_patches(options: dict, drop: Tuple[Callable, ...]) -> Optional[dict]:
+        """Give this call patch lists without ``drop``; returns the lists it had (None where nothing changed)."""
+        patches = options.get("patches")
+        if not drop or not isinstance(patches, dict):
+            return None
+        handed = {}
+        for kind, fns in patches.items():  # loops, not comprehensions: each of those is a Python call (3.11)
+            if isinstance(fns, list):
+                kept = []
+                for fn in fns:
+                    if fn not in drop:
+                        kept.append(fn)
+                fns = kept
+            handed[kind] = fns
+        options["patches"] = handed
+        return patches
 
     def plan_for(self, n: torch.Tensor, extra_options: dict) -> TokenPlan:
         """The plan of the block whose attention gets ``n``. Shapes first: blocks ToMe leaves alone never look at
@@ -305,12 +356,13 @@ class UNetPatchState:
         if prepared is not None:
             if prepared is _OFF or n.dim() != 3:
                 return IDENTITY_PLAN
-            tables, grids = prepared
-            grid = grids.get(n.shape[1])
+            tables, grids, left_alone = prepared
+            tokens = n.shape[1]
+            grid = grids.get(tokens)
             if grid is not None and n.shape[0] == extra_options["original_shape"][0]:
                 return merger.plan_with(n, grid, tables[grid])
-            if grid is not None or not grids:
-                return IDENTITY_PLAN  # an earlier patch regrouped the tokens (HyperTile), or nothing is reduced
+            if grid is not None or not grids or tokens in left_alone:
+                return IDENTITY_PLAN  # regrouped tokens (HyperTile), nothing reduced, or a level this call leaves
         shape, hw = extra_options.get("original_shape"), _latent_hw(extra_options)
         if hw is None or n.dim() != 3 or n.shape[0] != shape[0]:
             return IDENTITY_PLAN  # no latent size, or an earlier patch regrouped the tokens (HyperTile)
@@ -351,7 +403,7 @@ class UNetPatchState:
 
 
 def _apply_model_wrapper(state: UNetPatchState) -> Callable:
-    """The APPLY_MODEL wrapper (ComfyUI 0.3.x): ``state.prepare_call`` around each model call."""
+    """The APPLY_MODEL wrapper (ComfyUI 0.3.x): ``state.prepare_call`` before each model call, undone after it."""
     def apply_model_wrapper(executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None,
                             control: Any = None, transformer_options: Optional[dict] = None, **kwargs: Any) -> Any:
         # The signature of comfy.model_base.BaseModel.apply_model, whose executor we wrap.
@@ -359,27 +411,63 @@ def _apply_model_wrapper(state: UNetPatchState) -> Callable:
         args = (c_concat, c_crossattn, control, transformer_options)
         if not isinstance(options, dict) or x.dim() != 4:
             return executor(x, t, *args, **kwargs)
-        idle = state.prepare_call(executor, x, t, options, lambda: executor(x, t, *args, **kwargs))
-        patches = options.get("patches")
-        if idle and isinstance(patches, dict):  # nothing reduced: ToMe's patches sit this call out
-            options["patches"] = {kind: [p for p in fns if p not in state.own_patches] if isinstance(fns, list) else fns
-                                  for kind, fns in patches.items()}
+        patches = state.prepare_call(getattr(executor, "class_obj", None), x, t, options,
+                                     lambda: executor(x, t, *args, **kwargs))
         try:
             return executor(x, t, *args, **kwargs)
-        finally:
+        finally:  # inline, not a method: one Python call fewer per model call
             options.pop(state.tables_key, None)
-            if idle and isinstance(patches, dict):
+            if patches is not None:
                 options["patches"] = patches
 
     return apply_model_wrapper
 
 
+def _model_function_wrapper(state: UNetPatchState) -> Callable[[Optional[Callable]], Callable]:
+    """``with_previous(previous)``: the ``model_function_wrapper`` for hosts without model wrappers (the 2024
+    ComfyUI's ``samplers.calc_cond_batch`` and Forge's ``sampling_function.calc_cond_uncond_batch`` call it as
+    ``wrapper(model.apply_model, {"input", "timestep", "c", "cond_or_uncond"})``): ``state.prepare_call`` before
+    each model call, undone after it. The slot holds one function, so ``previous`` (a wrapper a node applied
+    before ToMe) is called in turn and both act."""
+    def with_previous(previous: Optional[Callable]) -> Callable:
+        def model_function_wrapper(apply_model: Callable, args: dict) -> Any:
+            def call() -> Any:
+                if previous is not None:
+                    return previous(apply_model, args)
+                return apply_model(args["input"], args["timestep"], **args["c"])
+
+            x, c = args.get("input"), args.get("c")
+            options = c.get("transformer_options") if isinstance(c, dict) else None
+            if not isinstance(options, dict) or not isinstance(x, torch.Tensor) or x.dim() != 4:
+                return call()
+            patches = state.prepare_call(getattr(apply_model, "__self__", None), x, args.get("timestep"), options, call)
+            try:  # the call itself without ``call()``: a Python call per model call is launch time on a fast GPU
+                if previous is not None:
+                    return previous(apply_model, args)
+                return apply_model(x, args["timestep"], **c)
+            finally:
+                options.pop(state.tables_key, None)
+                if patches is not None:
+                    options["patches"] = patches
+
+        model_function_wrapper.tome_previous = previous
+        return model_function_wrapper
+
+    return with_previous
+
+
 def _partner_check(state: UNetPatchState) -> Callable:
-    """An input_block_patch, for hosts without model wrappers (2024 ComfyUI): it sees the sampler's
-    transformer_options, patch lists included, after input block 0 and before any attention."""
+    """An input_block_patch, for calls no wrapper of ToMe's prepared (the 2024 ComfyUI and Forge, where a node set
+    after ToMe took the one model_function_wrapper slot): it sees the sampler's transformer_options, patch lists
+    included, after input block 0 and before any attention. The wrapper leaves it out of the calls it prepares."""
     def partner_check(h: torch.Tensor, transformer_options: dict) -> torch.Tensor:
         if transformer_options.get("block") == ("input", 0):
             refuse_partner_after(attn1_patches_of(transformer_options), state.own_patch, state.config)
+            if state.function_wrapper and not state.warned_unwrapped:
+                state.warned_unwrapped = True
+                log.warning("ToMe: a node applied after ToMe replaced its model_function_wrapper (this host keeps one), "
+                            "so ToMe matches per block and its speed check times self-attention alone. Apply ToMe "
+                            "after that node and both act as set.")
         return h
 
     return partner_check
@@ -397,9 +485,9 @@ def _slot_patches(state: UNetPatchState, kind: str) -> Tuple[Callable, Callable]
         # ToMe patch (a second ToMe node upstream) marks the block so that only the first one acts.
         plan = IDENTITY_PLAN if extra_options.get(claim) else state.plan_for(n, extra_options)
         pending[:] = [plan, None]
-        if not plan.active and kind == "attn1" and not extra_options.get(claim):
-            return state.reduce_keys_values(n, context, value, extra_options, claim)
-        if not plan.active:
+        if not plan.active:  # checks inline: on a fast GPU each Python call here is paid in every block
+            if kind == "attn1" and context is not n and not extra_options.get(claim):
+                return state.reduce_keys_values(n, context, value, extra_options, claim)
             return n, context, value
         extra_options[claim] = True
         if kind == "attn1" and mode == "kv":
@@ -412,7 +500,9 @@ def _slot_patches(state: UNetPatchState, kind: str) -> Tuple[Callable, Callable]
 
     def after(out, extra_options):
         (plan, expected), pending[:] = pending, [IDENTITY_PLAN, None]
-        if expected is not None and tuple(out.shape[:2]) != expected:
+        if expected is None:  # nothing merged before this attention (kv leaves the queries whole)
+            return out
+        if tuple(out.shape[:2]) != expected:
             raise RuntimeError(
                 f"ToMe: the {kind} output has shape {tuple(out.shape)} but ToMe merged the tokens to "
                 f"{expected}: an attention patch registered after ToMe regroups tokens (e.g. HyperTile). "
@@ -436,10 +526,12 @@ def make_patches(config: ToMeConfig, base_downsample: int, window: SigmaWindow =
     state.own_patch = attn1
     attn1.tome_merger = state.merger  # found again on any clone of the patcher (merger_of)
     patches = ComfyPatches(attn1=attn1, attn1_output=attn1_output, apply_model_wrapper=_apply_model_wrapper(state),
-                           tables_key=state.tables_key, merger=state.merger, partner_check=_partner_check(state))
+                           model_function_wrapper=_model_function_wrapper(state), tables_key=state.tables_key,
+                           merger=state.merger, state=state, partner_check=_partner_check(state))
     if config.merge_crossattn and config.mode == "merge":
         patches.attn2, patches.attn2_output = _slot_patches(state, "attn2")
-    state.own_patches = tuple(p for p in (attn1, attn1_output, patches.attn2, patches.attn2_output) if p is not None)
+    state.own_patches = tuple(p for p in (attn1, attn1_output, patches.attn2, patches.attn2_output,
+                                          patches.partner_check) if p is not None)
     return patches
 
 
@@ -478,8 +570,9 @@ def check_model_patcher(patcher: Any, config: ToMeConfig) -> Tuple[int, SigmaWin
     require_all_blocks(config, model_type_name(patcher))
     if config.match_every > 1 and not callable(getattr(patcher, "add_wrapper_with_key", None)):
         raise ValueError(f"ToMe: match_every={config.match_every} keeps a matching across model calls, which needs "
-                         "ComfyUI 0.3's model wrappers; this host (Forge, or a ComfyUI from before them) has none: "
-                         "set match_every=1, or update ComfyUI.")
+                         "ComfyUI 0.3's model wrappers and the sampling run's sigmas (so a run never starts on the "
+                         "last run's matching); this host (Forge, or a ComfyUI from before them) has neither: set "
+                         "match_every=1, or update ComfyUI.")
     refuse_partner_before(patcher, config)
     return base, sigma_window(patcher, config)
 
@@ -496,8 +589,14 @@ def patch_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
     patches = make_patches(config, base, window, levels_of(patcher))
     if callable(getattr(clone, "add_wrapper_with_key", None)):
         clone.add_wrapper_with_key(APPLY_MODEL, patches.tables_key, patches.apply_model_wrapper)
-    elif callable(getattr(clone, "set_model_input_block_patch", None)):
-        clone.set_model_input_block_patch(patches.partner_check)
+    else:
+        if callable(getattr(clone, "set_model_unet_function_wrapper", None)):
+            previous = (getattr(clone, "model_options", None) or {}).get("model_function_wrapper")
+            clone.set_model_unet_function_wrapper(patches.model_function_wrapper(previous))
+            patches.state.function_wrapper = True
+            patches.state.fallback_patches = (patches.partner_check,)
+        if callable(getattr(clone, "set_model_input_block_patch", None)):
+            clone.set_model_input_block_patch(patches.partner_check)
     if config.merge_attn or config.mode == "kv":
         clone.set_model_attn1_patch(patches.attn1)
         clone.set_model_attn1_output_patch(patches.attn1_output)
