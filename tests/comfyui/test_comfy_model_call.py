@@ -186,3 +186,22 @@ def test_a_wrapper_set_after_tome_leaves_tome_reducing(comfy, package, base, mat
         assert matchings[0] == STEPS * LEVEL_1_BLOCKS
         warned = [r.getMessage() for r in caplog.records if "replaced its model_function_wrapper" in r.getMessage()]
         assert len(warned) == 1 and "Apply ToMe after that node" in warned[0], warned
+
+
+def test_match_every_on_the_advanced_node(comfy, package, base, matchings):
+    """match_every=2: the second model call of a run reuses the first's matching, and each run starts afresh (ComfyUI
+    0.3's ``sample_sigmas``); refused with the fix where the host marks no sampling run (the 2024 ComfyUI)."""
+    if not has_model_wrappers(base):
+        with pytest.raises(ValueError, match="match_every=2 .* needs ComfyUI 0.3.*set match_every=1"):
+            tome(package, base, match_every=2)
+        return
+    every_call = sample(comfy, tome(package, base))
+    reusing = tome(package, base, match_every=2)
+    matchings[0] = 0
+    first = sample(comfy, reusing)
+    assert matchings[0] == 1  # STEPS = 2 model calls, one matching
+    second = sample(comfy, reusing)
+    assert matchings[0] == 2  # the second run matched afresh
+    assert torch.equal(first, second) and not torch.equal(first, every_call)
+    with pytest.raises(ValueError, match="match_every"):
+        tome(package, base, match_every=2, mode="kv")

@@ -118,7 +118,7 @@ def test_every_input_has_a_tooltip_and_every_node_a_description(tome_package):
     assert list(advanced) == ["model", "ratio", "max_downsample", "sx", "sy", "use_rand", "tome_seed", "mode",
                               "merge_crossattn", "start_percent", "end_percent", "min_tokens"]
     optional = tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMeAdvanced"].INPUT_TYPES()["optional"]
-    assert list(optional) == ["kv_downsample", "block_start", "block_end", "matching", "speed_check"]
+    assert list(optional) == ["kv_downsample", "block_start", "block_end", "matching", "speed_check", "match_every"]
     assert optional["kv_downsample"][0] == ["nearest", "avg"]
 
 def advanced_values(**changes):

@@ -107,4 +107,6 @@ def test_the_advanced_node_offers_matching_and_speed_check_as_optional_inputs(co
 
     assert options(optional["speed_check"]) == ["off", "auto", "on"] and optional["speed_check"][1]["default"] == "auto"
     assert options(optional["matching"]) == ["block", "level"] and optional["matching"][1]["default"] == "level"
-    assert comfy_env.ADVANCED_DEFAULTS.keys().isdisjoint({"speed_check", "matching"})  # older workflows: defaults
+    assert optional["match_every"][0] == "INT" and optional["match_every"][1]["default"] == 1
+    assert (optional["match_every"][1]["min"], optional["match_every"][1]["max"]) == (1, 10)
+    assert comfy_env.ADVANCED_DEFAULTS.keys().isdisjoint({"speed_check", "matching", "match_every"})  # older workflows

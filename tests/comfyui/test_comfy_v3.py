@@ -69,7 +69,8 @@ def test_object_info_serves_the_registration_of_this_host(comfy):
                                               "tome_seed", "mode", "merge_crossattn", "start_percent",
                                               "end_percent", "min_tokens"]
     # optional: workflows saved before they existed still load
-    assert list(adv["input"]["optional"]) == ["kv_downsample", "block_start", "block_end", "matching", "speed_check"]
+    assert list(adv["input"]["optional"]) == ["kv_downsample", "block_start", "block_end", "matching", "speed_check",
+                                                   "match_every"]
     ratio = adv["input"]["required"]["ratio"][1]
     assert (ratio["default"], ratio["min"], ratio["max"], ratio["step"]) == (0.5, 0.0, 0.98, 0.01)
     assert basic["input"]["required"]["ratio"][1]["max"] == 0.75

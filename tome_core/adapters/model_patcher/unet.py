@@ -465,9 +465,9 @@ def _partner_check(state: UNetPatchState) -> Callable:
             refuse_partner_after(attn1_patches_of(transformer_options), state.own_patch, state.config)
             if state.function_wrapper and not state.warned_unwrapped:
                 state.warned_unwrapped = True
-                log.warning("ToMe: a node applied after ToMe replaced its model_function_wrapper (this host keeps one), "
-                            "so ToMe matches per block and its speed check times self-attention alone. Apply ToMe "
-                            "after that node and both act as set.")
+                log.warning("ToMe: a node or extension applied after ToMe replaced its model_function_wrapper (this "
+                            "host keeps one), so ToMe matches per block and its speed check times self-attention "
+                            "alone. Apply ToMe after that node and both act as set.")
         return h
 
     return partner_check
