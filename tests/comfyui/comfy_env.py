@@ -346,6 +346,32 @@ def _seeded_init(module: Any, seed: int) -> None:
                 tensor.zero_()
 
 
+def sample_tiny_sd15(comfy: Any, patcher: Any, steps: int) -> Any:
+    """``comfy.sample.sample`` of a 16x16 latent (256 tokens on the first level), euler at cfg 5 (cond and uncond in
+    one model call), seeded text embeddings and noise: the in-process sampling of the UNet tests."""
+    import torch
+
+    latent = torch.zeros(1, 4, 16, 16)
+    generator = torch.Generator().manual_seed(1)
+    positive = [[torch.randn(1, 4, 768, generator=generator), {}]]
+    negative = [[torch.randn(1, 4, 768, generator=generator), {}]]
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0))
+    return comfy.sample.sample(patcher, noise, steps, 5.0, "euler", "normal", positive, negative, latent,
+                               denoise=1.0, seed=0, disable_pbar=True)
+
+
+def count_calls(monkeypatch: Any, module: Any, name: str) -> List[int]:
+    """``module.name`` replaced (for the test) by a function that counts its calls: a one-item list, the count."""
+    count, real = [0], getattr(module, name)
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return count
+
+
 def tiny_sd15_unet_config(**changes) -> Dict[str, Any]:
     """An SD1.5-family UNet that ComfyUI's detector accepts: SD1.5's widths (320 channels, 768-d
     context, 8 heads), but two levels with one res block and one transformer block each."""

@@ -114,13 +114,7 @@ def sd15(comfy):
 
 
 def sample_sd15(comfy, patcher, steps: int = STEPS) -> torch.Tensor:
-    latent = torch.zeros(1, 4, 16, 16)  # 256 tokens on the first level
-    generator = torch.Generator().manual_seed(1)
-    positive = [[torch.randn(1, 4, 768, generator=generator), {}]]
-    negative = [[torch.randn(1, 4, 768, generator=generator), {}]]
-    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0))
-    return comfy.sample.sample(patcher, noise, steps, 5.0, "euler", "normal", positive, negative, latent,
-                               denoise=1.0, seed=0, disable_pbar=True)
+    return comfy_env.sample_tiny_sd15(comfy, patcher, steps)
 
 
 def tome(tome_nodes, patcher, mode: str, seed: int = 0):

@@ -55,13 +55,7 @@ def has_model_wrappers(patcher) -> bool:
 
 
 def sample(comfy, patcher) -> torch.Tensor:
-    latent = torch.zeros(1, 4, 16, 16)
-    generator = torch.Generator().manual_seed(1)
-    positive = [[torch.randn(1, 4, 768, generator=generator), {}]]
-    negative = [[torch.randn(1, 4, 768, generator=generator), {}]]
-    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0))
-    return comfy.sample.sample(patcher, noise, STEPS, 5.0, "euler", "normal", positive, negative, latent,
-                               denoise=1.0, seed=0, disable_pbar=True)
+    return comfy_env.sample_tiny_sd15(comfy, patcher, STEPS)
 
 
 def tome(package, patcher, **changes):
@@ -85,16 +79,8 @@ def recorder(calls: list):
 @pytest.fixture()
 def matchings(package, monkeypatch):
     """How many matchings the sampling makes (calls of the engine's ``match_tokens``)."""
-    plan = importlib.import_module(f"{package}.tome_core.engine.plan")
-    count = [0]
-    real = plan.match_tokens
-
-    def counting(*args, **kwargs):
-        count[0] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(plan, "match_tokens", counting)
-    return count
+    return comfy_env.count_calls(monkeypatch, importlib.import_module(f"{package}.tome_core.engine.plan"),
+                                 "match_tokens")
 
 
 def test_level_matching_matches_once_per_level_and_model_call(comfy, package, base, matchings):

@@ -197,14 +197,7 @@ def test_forge_matches_once_per_level_and_model_call(script, host, comfy_patcher
     each call's tables, so "level" matches once per level and call (level 1: 5 blocks), as in ComfyUI 0.3."""
     import tome_core.engine.plan as plan
 
-    count = [0]
-    real = plan.match_tokens
-
-    def counting(*args, **kwargs):
-        count[0] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(plan, "match_tokens", counting)
+    count = comfy_env.count_calls(monkeypatch, plan, "match_tokens")
     _, model = forge_run(host, script, comfy_patcher, script_args(matching=matching, speed_check="off"))
     assert model.patches_seen and set(model.patches_seen) == {1}
     assert count[0] == per_call * len(model.patches_seen)
