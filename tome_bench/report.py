@@ -284,10 +284,6 @@ def write_json(result: dict, path: Path) -> Path:
     return path
 
 
-_METHOD_STYLE = {"merge": ("tab:blue", "o"), "merge-level": ("tab:purple", "v"), "kv": ("tab:green", "s"), "kv-avg": ("tab:olive", "D"),
-                 "tomesd": ("tab:red", "^")}
-
-
 def _bench_extra() -> str:
     """How to install the benchmark's extras: by the distribution that holds tome_core when it
     is installed (its name may change), else the generic hint."""
@@ -306,58 +302,3 @@ def chart_missing() -> str | None:
         return (f"no chart: matplotlib is not installed (pip install matplotlib, or "
                 f"{_bench_extra()}); the table, results.json and results.md are complete")
     return None
-
-
-def write_chart(rows: list[dict], path: Path) -> Path | None:
-    """Scatter of speed-up vs error for every non-vanilla eager row, with the speed-up's noise
-    band as an error bar; one panel per error measure. Rows whose rank is not a single place
-    (tied, too noisy, machine busy) are drawn hollow. Needs matplotlib (see :func:`chart_missing`)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .stats import BUSY, is_rank
-
-    rows = [r for r in rows if r["method"] != "vanilla" and r.get("speedup") is not None
-            and not r.get("compiled")]
-    panels = [("cfg_err", "CFG-combined rel. L2 error"), ("rel_err", "rel. L2 error")]
-    if any(r.get("cfg_err_peaked") is not None for r in rows):
-        panels.append(("cfg_err_peaked", "CFG-combined rel. L2 error, peaked attention"))
-    if any(r.get("cfg_err_peaked_photo") is not None for r in rows):
-        panels.append(("cfg_err_peaked_photo", "the same on the photo's latents"))
-    panels = [(k, t) for k, t in panels if any(r.get(k) is not None for r in rows)]
-    if not rows or not panels:
-        return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
-    for ax, (key, title) in zip(axes[0], panels):
-        seen = set()
-        for r in rows:
-            if r.get(key) is None:
-                continue
-            color, marker = _METHOD_STYLE.get(r["method"], ("tab:gray", "x"))
-            name = r["method"] if r["method"] not in seen else None
-            seen.add(r["method"])
-            low, high = r.get("speedup_low"), r.get("speedup_high")
-            yerr = None if low is None else [[r["speedup"] - low], [min(high, 10 * r["speedup"]) - r["speedup"]]]
-            ax.errorbar(r[key], r["speedup"], yerr=yerr, color=color, marker=marker, label=name,
-                        capsize=3, lw=1, mfc=color if is_rank(r.get("rank")) else "none")
-            ax.annotate(f"{r['family']} {r['width']}x{r['height']} r={r['ratio']:g}",
-                        (r[key], r["speedup"]), fontsize=7, xytext=(4, 3),
-                        textcoords="offset points")
-        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-        ax.margins(x=0.25, y=0.15)  # room for the labels
-        ax.set_xlim(0, ax.get_xlim()[1])  # errors from zero: no exaggerated differences
-        ax.set_xlabel(title)
-        ax.set_ylabel("speed-up vs vanilla (x), bar: noise band")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    title = "Token merging: speed-up vs error (higher and further left is better)"
-    if any(r.get("rank") == BUSY for r in rows):
-        title += f"\n{BUSY}: these speed-ups are not a result"
-    fig.suptitle(title + "\nhollow: not ranked apart from the others (bands overlap)", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

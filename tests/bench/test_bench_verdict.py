@@ -230,34 +230,6 @@ def test_table_and_busy_line_show_the_refusal():
     assert busy_line([dict(rows[1], rank="1")]) is None
 
 
-def test_chart_draws_the_band_as_error_bars(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
-    import matplotlib.pyplot as plt
-    from matplotlib.container import ErrorbarContainer
-
-    from tome_bench.report import write_chart
-
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
-    row = dict(family="sd15", width=64, height=64, compiled=False, rel_err=0.1, cfg_err=0.2)
-    rows = [dict(row, method="vanilla", ratio=0.0, speedup=1.0),
-            dict(row, method="kv", ratio=0.5, speedup=1.4, speedup_low=1.1, speedup_high=1.7,
-                 rank="1"),
-            dict(row, method="merge", ratio=0.5, speedup=1.2, speedup_low=0.7, speedup_high=1.7,
-                 rank=BUSY, cfg_err=0.3)]
-    path = write_chart(rows, tmp_path / "chart.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    (fig,) = figures
-    bars = {}
-    for ax in fig.axes:
-        for c in ax.containers:
-            if isinstance(c, ErrorbarContainer):
-                (segment,) = c.lines[2][0].get_segments()
-                bars.setdefault(ax.get_xlabel(), []).append([tuple(p) for p in segment])
-    assert bars["CFG-combined rel. L2 error"] == [[(0.2, 1.1), (0.2, 1.7)], [(0.3, 0.7), (0.3, 1.7)]]
-    assert BUSY in fig._suptitle.get_text()
-
-
 def test_missing_matplotlib_is_one_line_and_exit_0(tmp_path, monkeypatch, capsys):
     """The CLI end to end around a synthetic run (the rounds are tested above): a missing
     matplotlib is said before the run and in one line at its end; the results are kept; exit 0."""
