@@ -78,6 +78,7 @@ FIELDS: tuple[Field, ...] = (
     Field("kv_downsample", "ToMe kv downsample", str),  # appended after the first release: older API
     Field("matching", "ToMe matching", str),            # arg lists stay valid (a shorter list keeps
     Field("speed_check", "ToMe speed check", str),      # the defaults of what it lacks)
+    Field("match_every", "ToMe match every", _to_int),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 INFOTEXT_KEYS = tuple(f.key for f in FIELDS if f.key)
@@ -108,6 +109,7 @@ class WebUIArgs:
     kv_downsample: str = ToMeConfig.kv_downsample
     matching: str = WEBUI_MATCHING
     speed_check: str = WEBUI_SPEED_CHECK
+    match_every: int = ToMeConfig.match_every
 
     @classmethod
     def from_script_args(cls, args: Sequence[Any]) -> "WebUIArgs":

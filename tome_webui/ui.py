@@ -71,6 +71,12 @@ def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_acc
                                    info="auto: on a GPU, time each level once and leave it whole where ToMe "
                                         "would be slower (the infotext says which); off: always reduce; on: "
                                         "time on the CPU too.")
+            match_every = gr.Slider(label="Match every", minimum=1, maximum=10, step=1, value=d.match_every,
+                                    elem_id=script.elem_id("match_every"),
+                                    info="Mode merge with level matching: one model call in this many matches, "
+                                         "the calls between reuse its matching (fewer GPU kernels, a little more "
+                                         "error; its GPU gain is not measured yet). 1 = every call (tomesd). "
+                                         "A1111 only (Forge marks no sampling run).")
             with gr.Row():
                 merge_attn = gr.Checkbox(label="Merge self-attention", value=d.merge_attn,
                                          elem_id=script.elem_id("merge_attn"))
@@ -90,7 +96,7 @@ def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_acc
 
     controls = [enabled, ratio, hr_ratio, max_downsample, sx, sy, use_rand, seed, mode,
                 merge_attn, merge_crossattn, merge_mlp, start_percent, end_percent, min_tokens, kv_downsample,
-                matching, speed_check]
+                matching, speed_check, match_every]
     assert len(controls) == len(FIELDS)
     script.infotext_fields = [(enabled, enabled_from_infotext)] + [
         (control, field.key) for control, field in zip(controls, FIELDS) if field.key

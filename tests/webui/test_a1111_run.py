@@ -193,3 +193,19 @@ def test_a_bad_value_fails_before_sampling_with_the_engines_message(script, host
     with pytest.raises(ValueError, match="mergeable fraction"):
         wd.txt2img(p)
     assert_clean(sd_model)
+
+
+def test_match_every_reuses_the_matching_within_a_batch_and_starts_each_batch_afresh(script, host, sd_model, reference):
+    """A1111 patches each batch afresh (``apply_config``), so each batch's first call matches; with match_every=2
+    every second call reuses the call before it: the image differs from per-call matching, and two runs with the
+    same settings give the same image. The infotext says it; mode kv is refused with the fix."""
+    every_call = wd.txt2img(make_p(sd_model, host, script, script_args(use_rand=False), steps=4))
+    reusing = wd.txt2img(make_p(sd_model, host, script, script_args(use_rand=False, match_every=2), steps=4))
+    again = wd.txt2img(make_p(sd_model, host, script, script_args(use_rand=False, match_every=2), steps=4))
+    assert torch.equal(reusing.images[0], again.images[0])
+    assert not torch.equal(reusing.images[0], every_call.images[0])
+    assert "ToMe match every: 2" in reusing.info and "ToMe match every: 1" in every_call.info
+    assert_clean(sd_model)
+    status, body = wd.api_txt2img(sd_model, host.opts, [script], {
+        "steps": 2, "alwayson_scripts": {"ToMe": {"args": script_args(mode="kv", match_every=2)}}})
+    assert status == 500 and "match_every=2" in body["errors"]

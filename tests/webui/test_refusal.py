@@ -149,6 +149,15 @@ def test_forge_refuses_merge_mlp_before_anything_is_written_or_patched(script, h
     assert model.patches_seen == [] and model.forge_objects.unet is comfy_patcher
 
 
+def test_forge_refuses_match_every_naming_the_fix(script, host, comfy_patcher):
+    """Forge marks no sampling run (no model wrappers, no sample_sigmas): a run could start on the last run's
+    matching, so match_every above 1 stops the job with the fix."""
+    model = ForgeModel(comfy_patcher)
+    status, body = wd.api_txt2img(model, host.opts, [script], api_request(match_every=2), forge=True)
+    assert status == 500 and "match_every=2" in body["message"] and "set match_every=1" in body["message"]
+    assert model.patches_seen == [] and model.forge_objects.unet is comfy_patcher
+
+
 def test_forge_refuses_a_schedule_window_without_percent_to_sigma(script, host, comfy_patcher):
     clone = comfy_patcher.clone()
     clone.add_object_patch("model_sampling", types.SimpleNamespace())  # a build without percent_to_sigma

@@ -57,10 +57,10 @@ def test_imports_need_the_extension_folder_only_while_the_script_is_imported(gr)
 def test_ui_controls_follow_the_documented_api_argument_order(script):
     labels = [c.label for c in script.controls]
     assert labels[:4] == ["ToMe (token merging)", "Ratio", "Hires ratio", "Max downsample"]
-    assert len(script.controls) == len(FIELDS) == 18
+    assert len(script.controls) == len(FIELDS) == 19
     values = [c.value for c in script.controls]
     assert values == [False, 0.5, 0.5, "1", 2, 2, True, 0, "merge", True, False, False, 0.0, 1.0, 0, "nearest",
-                      "level", "auto"]
+                      "level", "auto", 1]
     doc = open(os.path.join(REPO, "docs", "WEBUI.md"), encoding="utf-8").read()
     documented = re.findall(r"^\| (\d+) \| `(\w+)` \|", doc, flags=re.M)
     assert [(int(i), name) for i, name in documented] == [(i, f.name) for i, f in enumerate(FIELDS)]
@@ -107,7 +107,7 @@ def test_settings_section_holds_the_defaults_the_controls_start_with(script_modu
 def test_infotext_holds_every_option_and_pasting_it_restores_the_controls(script, host, sd_model):
     args = script_args(ratio=0.4, hr_ratio=0.3, max_downsample="2", sx=3, sy=1, use_rand=False, seed=7,
                        merge_crossattn=True, start_percent=0.1, end_percent=0.9, min_tokens=64,
-                       kv_downsample="avg")
+                       kv_downsample="avg", match_every=2)
     processed = wd.txt2img(make_p(sd_model, host, script, args, enable_hr=True, steps=1))
     assert "ToMe ratio: 0.4, ToMe hr ratio: 0.3, ToMe max downsample: 2, ToMe sx: 3, ToMe sy: 1" in processed.info
     params = wd.parse_generation_parameters(processed.info)
@@ -117,7 +117,7 @@ def test_infotext_holds_every_option_and_pasting_it_restores_the_controls(script
     by_control = {id(control): value for (control, _), value in zip(script.infotext_fields, pasted)}
     restored = [by_control[id(c)] for c in script.controls]
     assert restored == [True, 0.4, 0.3, "2", 3.0, 1.0, False, 7.0, "merge", True, True, False, 0.1, 0.9, 64.0,
-                        "avg", "level", "auto"]
+                        "avg", "level", "auto", 2.0]
     assert script.paste_field_names == list(INFOTEXT_KEYS)
 
 
