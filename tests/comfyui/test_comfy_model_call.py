@@ -191,3 +191,40 @@ def test_match_every_on_the_advanced_node(comfy, package, base, matchings):
     assert torch.equal(first, second) and not torch.equal(first, every_call)
     with pytest.raises(ValueError, match="match_every"):
         tome(package, base, match_every=2, mode="kv")
+
+
+def tiler(calls: list):
+    """A wrapper like Forge's MultiDiffusion (extensions-builtin/sd_forge_multidiffusion): the model runs on each 8x8
+    quarter of the 16x16 latent. A quarter has 64 tokens on its first level, as the whole latent has on its second."""
+    def wrapper(apply_model, args):
+        x, t, c = args["input"], args["timestep"], args["c"]
+        out = torch.zeros_like(x)
+        for i in (0, 8):
+            for j in (0, 8):
+                calls.append((i, j))
+                out[:, :, i:i + 8, j:j + 8] = apply_model(x[:, :, i:i + 8, j:j + 8], t, **c)
+        return out
+
+    return wrapper
+
+
+def test_a_tiling_wrapper_before_tome_gets_each_tile_reduced(comfy, package, base, matchings):
+    """ToMe prepares each call the wrapper makes, for that call's latent: every tile's first level is matched once
+    (on hosts without model wrappers ToMe hands the earlier wrapper an apply_model it prepares)."""
+    calls = []
+    tiled = base.clone()
+    tiled.set_model_unet_function_wrapper(tiler(calls))
+    tiles_alone = sample(comfy, tiled)
+    matchings[0] = 0
+    both = sample(comfy, tome(package, tiled))
+    assert len(calls) == 2 * 4 * STEPS
+    assert matchings[0] == 4 * STEPS  # one matching per tile call, on its level 1
+    assert not torch.equal(both, tiles_alone)
+
+
+def test_the_speed_check_repeats_are_not_taken_for_a_replaced_wrapper(comfy, package, base, caplog):
+    """The speed check repeats a call ToMe prepared; the fallback's check must not read that as a node having taken
+    ToMe's wrapper slot (it warned on a plain run in the real Forge)."""
+    with caplog.at_level(logging.WARNING):
+        sample(comfy, tome(package, base, speed_check="on"))
+    assert not [r for r in caplog.records if "replaced its model_function_wrapper" in r.getMessage()]

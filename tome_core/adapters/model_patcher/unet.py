@@ -428,27 +428,33 @@ def _model_function_wrapper(state: UNetPatchState) -> Callable[[Optional[Callabl
     ComfyUI's ``samplers.calc_cond_batch`` and Forge's ``sampling_function.calc_cond_uncond_batch`` call it as
     ``wrapper(model.apply_model, {"input", "timestep", "c", "cond_or_uncond"})``): ``state.prepare_call`` before
     each model call, undone after it. The slot holds one function, so ``previous`` (a wrapper a node applied
-    before ToMe) is called in turn and both act."""
-    def with_previous(previous: Optional[Callable]) -> Callable:
-        def model_function_wrapper(apply_model: Callable, args: dict) -> Any:
-            def call() -> Any:
-                if previous is not None:
-                    return previous(apply_model, args)
-                return apply_model(args["input"], args["timestep"], **args["c"])
+    before ToMe) is called in turn and both act: it gets an ``apply_model`` that ToMe prepares for each call it
+    makes, so a wrapper that calls the model on other latents (Forge's MultiDiffusion, on tiles) gets tables for
+    those latents, not for the one the sampler passed."""
+    def prepared(apply_model: Callable, args: dict) -> Any:
+        x, c, t = args.get("input"), args.get("c"), args.get("timestep")
+        options = c.get("transformer_options") if isinstance(c, dict) else None
+        if not isinstance(options, dict) or not isinstance(x, torch.Tensor) or x.dim() != 4:
+            return apply_model(x, t, **c)
+        patches = state.prepare_call(getattr(apply_model, "__self__", None), x, t, options,
+                                     lambda: apply_model(x, t, **c))
+        try:
+            return apply_model(x, t, **c)
+        finally:
+            options.pop(state.tables_key, None)
+            if patches is not None:
+                options["patches"] = patches
 
-            x, c = args.get("input"), args.get("c")
-            options = c.get("transformer_options") if isinstance(c, dict) else None
-            if not isinstance(options, dict) or not isinstance(x, torch.Tensor) or x.dim() != 4:
-                return call()
-            patches = state.prepare_call(getattr(apply_model, "__self__", None), x, args.get("timestep"), options, call)
-            try:  # the call itself without ``call()``: a Python call per model call is launch time on a fast GPU
-                if previous is not None:
-                    return previous(apply_model, args)
-                return apply_model(x, args["timestep"], **c)
-            finally:
-                options.pop(state.tables_key, None)
-                if patches is not None:
-                    options["patches"] = patches
+    def with_previous(previous: Optional[Callable]) -> Callable:
+        if previous is None:
+            return prepared  # the sampler's call itself: the fewest Python calls per model call
+
+        def model_function_wrapper(apply_model: Callable, args: dict) -> Any:
+            def each_call(x: torch.Tensor, t: Any, **c: Any) -> Any:
+                return prepared(apply_model, {"input": x, "timestep": t, "c": c})
+
+            each_call.__self__ = getattr(apply_model, "__self__", None)  # as the bound method it stands for
+            return previous(each_call, args)
 
         model_function_wrapper.tome_previous = previous
         return model_function_wrapper
@@ -461,7 +467,8 @@ def _partner_check(state: UNetPatchState) -> Callable:
     after ToMe took the one model_function_wrapper slot): it sees the sampler's transformer_options, patch lists
     included, after input block 0 and before any attention. The wrapper leaves it out of the calls it prepares."""
     def partner_check(h: torch.Tensor, transformer_options: dict) -> torch.Tensor:
-        if transformer_options.get("block") == ("input", 0):
+        # a call ToMe's wrapper prepared (its tables are in the options: the speed check's repeats too) was checked
+        if transformer_options.get("block") == ("input", 0) and state.tables_key not in transformer_options:
             refuse_partner_after(attn1_patches_of(transformer_options), state.own_patch, state.config)
             if state.function_wrapper and not state.warned_unwrapped:
                 state.warned_unwrapped = True
