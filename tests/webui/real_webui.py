@@ -70,11 +70,11 @@ CHECKS = ("skip", "switch", "hires", "xyz", "soak")
 # The script's args in tome_webui/options.py FIELDS order (the ``alwayson_scripts`` "ToMe" list).
 ARG_ORDER = ("enabled", "ratio", "hr_ratio", "max_downsample", "sx", "sy", "use_rand", "seed", "mode",
              "merge_attn", "merge_crossattn", "merge_mlp", "start_percent", "end_percent", "min_tokens",
-             "kv_downsample", "matching", "speed_check")
+             "kv_downsample", "matching", "speed_check", "match_every")
 ARG_DEFAULTS = {"enabled": True, "ratio": 0.5, "hr_ratio": 0.5, "max_downsample": "1", "sx": 2, "sy": 2,
                 "use_rand": True, "seed": 0, "mode": "merge", "merge_attn": True, "merge_crossattn": False,
                 "merge_mlp": False, "start_percent": 0.0, "end_percent": 1.0, "min_tokens": 0,
-                "kv_downsample": "nearest", "matching": "level", "speed_check": "auto"}
+                "kv_downsample": "nearest", "matching": "level", "speed_check": "auto", "match_every": 1}
 
 
 def tome_args(**values: Any) -> List[Any]:

@@ -209,3 +209,10 @@ def test_xyz_axes_reach_an_xyz_script_whose_ui_was_built_before_on_before_ui(scr
     cell = wd.copy_p(p)
     built[False].current_axis_options[index].apply(cell, 0.25, [0.25])
     assert "ToMe ratio: 0.25" in wd.txt2img(cell).info
+
+
+def test_the_real_webui_tool_sends_the_args_in_the_scripts_order():
+    """tests/webui/real_webui.py runs with the WebUI's Python and keeps its own copy of the order: the same."""
+    real_webui = pytest.importorskip("real_webui")
+    assert list(real_webui.ARG_ORDER) == [f.name for f in FIELDS]
+    assert set(real_webui.ARG_DEFAULTS) == set(real_webui.ARG_ORDER)
