@@ -579,7 +579,7 @@ def check_model_patcher(patcher: Any, config: ToMeConfig) -> Tuple[int, SigmaWin
         raise ValueError(f"ToMe: match_every={config.match_every} keeps a matching across model calls, which needs "
                          "ComfyUI 0.3's model wrappers and the sampling run's sigmas (so a run never starts on the "
                          "last run's matching); this host (Forge, or a ComfyUI from before them) has neither: set "
-                         "match_every=1, or update ComfyUI.")
+                         "match_every=1 (in ComfyUI, or update it to 0.3 or later).")
     refuse_partner_before(patcher, config)
     return base, sigma_window(patcher, config)
 
