@@ -19,7 +19,6 @@ through a cell in the closure made per ``patch_model_patcher`` call, never throu
 from __future__ import annotations
 
 import logging
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -27,7 +26,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from ...engine.config import ToMeConfig, require_all_blocks
-from ...engine.levels import Level
+from ...engine.levels import Level, level_grids
 from ...catalogue.comfy_dits import supported_names
 from ...catalogue.unets import attention_base_downsample, attention_levels
 from ...engine.plan import IDENTITY_PLAN, WHOLE, TokenMerger, TokenPlan
@@ -126,17 +125,6 @@ def _latent_hw(extra_options: dict) -> Optional[Tuple[int, int]]:
     if shape is None or len(shape) < 4:
         return None
     return int(shape[-2]), int(shape[-1])
-
-
-def level_token_counts(latent_hw: Tuple[int, int]) -> frozenset:
-    """The token counts of every UNet level of a latent (each power-of-two downsampling, rounded up and down): a
-    block whose count is one of them and not a level this call reduces is left alone without a look at its grid."""
-    height, width, counts, downsample = latent_hw[0], latent_hw[1], set(), 1
-    while downsample <= max(height, width):
-        for rounding in (math.ceil, math.floor):
-            counts.add(max(1, rounding(height / downsample)) * max(1, rounding(width / downsample)))
-        downsample *= 2
-    return frozenset(counts)
 
 
 def _same_tokens(a: Optional[torch.Tensor], n: torch.Tensor) -> bool:
@@ -270,11 +258,11 @@ class UNetPatchState:
         self.call_step: Any = 0.0  # the step key (a float or the sigma tensor) of the call in progress
         self.own_patch: Optional[Callable] = None  # this model's attn1 patch, for the partner checks
         self.own_patches: Tuple[Callable, ...] = ()  # all of this model's patch functions
-        self.fallback_patches: Tuple[Callable, ...] = ()  # patches only for calls no wrapper of ToMe's prepared
-        self.function_wrapper = False  # registered as model_function_wrapper (its slot can be taken by a later node)
+        # patches only for calls no wrapper of ToMe's prepared: set where ToMe holds the model_function_wrapper slot,
+        # which a node set after ToMe can take
+        self.fallback_patches: Tuple[Callable, ...] = ()
         self.warned_unwrapped = False
         self.needs_step = self.merger.needs_step()  # the config is frozen
-        self.level_tokens: Dict[Tuple[int, int], frozenset] = {}  # latent (h, w) -> level_token_counts
         self.checked_attn1: Tuple[Callable, ...] = ()  # the attn1 patches last checked for a partner after ToMe
 
     def prepare_call(self, model: Any, x: torch.Tensor, t: Any, options: dict,
@@ -294,7 +282,6 @@ class UNetPatchState:
             refuse_partner_after(list(attn1), self.own_patch, self.config)
             self.checked_attn1 = attn1
         step: Any = 0.0
-        grids: dict = {}
         if self.windowed:
             sigma = sigma_value(t)  # the one host read of this model call
             step = 0.0 if sigma is None else sigma
@@ -307,9 +294,7 @@ class UNetPatchState:
         if self.merger.reuse.on:  # match_every: a sampling run never starts on the last run's matching
             self.merger.reuse.restart_on(options.get("sample_sigmas"))
         hw = (int(x.shape[-2]), int(x.shape[-1]))
-        levels = self.level_tokens.get(hw)
-        if levels is None:
-            levels = self.level_tokens[hw] = level_token_counts(hw)
+        levels = level_grids(*hw).keys()  # token counts of every level: a block of one this call leaves is left alone
         run_level = None
         if rerun is not None:
             def run_level(grid: Tuple[int, int], downsample: int, reduced: bool) -> None:
@@ -323,6 +308,7 @@ class UNetPatchState:
             dtype = get_dtype() if callable(get_dtype) else None
             dtype = dtype if isinstance(dtype, torch.dtype) else x.dtype
         tables = self.merger.step_tables(hw, step, x.device, int(x.shape[0]), dtype, run_level)
+        grids = {}  # token count -> grid of each level this call reduces
         for grid, table in tables.items():
             if table is not WHOLE:
                 grids[grid[0] * grid[1]] = grid
@@ -334,7 +320,7 @@ class UNetPatchState:
     def _hand_patches(options: dict, drop: Tuple[Callable, ...]) -> Optional[dict]:
         """Give this call patch lists without ``drop``; returns the lists it had (None where nothing changed)."""
         patches = options.get("patches")
-        if not drop or not isinstance(patches, dict):
+        if not isinstance(patches, dict):
             return None
         handed = {}
         for kind, fns in patches.items():  # loops, not comprehensions: each of those is a Python call (3.11)
@@ -470,7 +456,7 @@ def _partner_check(state: UNetPatchState) -> Callable:
         # a call ToMe's wrapper prepared (its tables are in the options: the speed check's repeats too) was checked
         if transformer_options.get("block") == ("input", 0) and state.tables_key not in transformer_options:
             refuse_partner_after(attn1_patches_of(transformer_options), state.own_patch, state.config)
-            if state.function_wrapper and not state.warned_unwrapped:
+            if state.fallback_patches and not state.warned_unwrapped:
                 state.warned_unwrapped = True
                 log.warning("ToMe: a node or extension applied after ToMe replaced its model_function_wrapper (this "
                             "host keeps one), so ToMe matches per block and its speed check times self-attention "
@@ -600,7 +586,6 @@ def patch_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
         if callable(getattr(clone, "set_model_unet_function_wrapper", None)):
             previous = (getattr(clone, "model_options", None) or {}).get("model_function_wrapper")
             clone.set_model_unet_function_wrapper(patches.model_function_wrapper(previous))
-            patches.state.function_wrapper = True
             patches.state.fallback_patches = (patches.partner_check,)
         if callable(getattr(clone, "set_model_input_block_patch", None)):
             clone.set_model_input_block_patch(patches.partner_check)
