@@ -1,4 +1,4 @@
-"""The same two nodes in ComfyUI's V3 schema (``comfy_api.latest``), for ComfyUIs that have it (0.3.x).
+"""The same nodes in ComfyUI's V3 schema (``comfy_api.latest``), for ComfyUIs that have it (0.3.x).
 
 Built from the V1 classes' input tables (``tome_nodes``), so ids, input names, types, defaults, ranges,
 tooltips, display names, category and output are one definition; only the registration differs.
@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Type
 
 from comfy_api.latest import ComfyExtension, io
 
+from . import OPTIONAL_NODES
 from .tome_nodes import V1_NODES, ToMe, patch
 
 _NUMBER_KEYS = ("default", "min", "max", "step")
@@ -29,6 +30,8 @@ def _v3_input(name: str, kind: Any, options: Dict[str, Any], optional: bool) -> 
         return io.Int.Input(name, control_after_generate=options.get("control_after_generate"), **numbers, **common)
     if kind == "FLOAT":
         return io.Float.Input(name, **numbers, **common)
+    if isinstance(kind, str) and kind.isupper():  # another pack's type: ComfyUI-WanVideoWrapper's WANVIDEOMODEL
+        return io.Custom(kind).Input(name, **common)
     raise TypeError(f"ToMe: no V3 input for {name} of type {kind!r}.")
 
 
@@ -37,6 +40,9 @@ def _v3_node(v1: Type[ToMe]) -> Type[io.ComfyNode]:
     inputs = v1.INPUT_TYPES()
     optional = set(inputs.get("optional", {}))
     spec = v1.spec()
+    run = getattr(v1, "patch_function", patch)
+    kind = v1.RETURN_TYPES[0]
+    output = io.Model.Output if kind == "MODEL" else io.Custom(kind).Output
 
     class Node(io.ComfyNode):
         @classmethod
@@ -46,14 +52,14 @@ def _v3_node(v1: Type[ToMe]) -> Type[io.ComfyNode]:
                 description=v1.DESCRIPTION,
                 inputs=[_v3_input(name, kind_options[0], kind_options[1], name in optional)
                         for name, kind_options in spec.items()],
-                outputs=[io.Model.Output(tooltip=v1.OUTPUT_TOOLTIPS[0])],
+                outputs=[output(tooltip=v1.OUTPUT_TOOLTIPS[0])],
                 hidden=[io.Hidden.unique_id],  # where the speed check's verdicts are shown
             )
 
         @classmethod
         def execute(cls, model: Any, **values: Any) -> io.NodeOutput:
             hidden = getattr(cls, "hidden", None)
-            patched, ui = patch(model, spec, values, getattr(hidden, "unique_id", None))
+            patched, ui = run(model, spec, values, getattr(hidden, "unique_id", None))
             return io.NodeOutput(patched, ui=ui)
 
         @classmethod
@@ -68,7 +74,7 @@ def _v3_node(v1: Type[ToMe]) -> Type[io.ComfyNode]:
     return Node
 
 
-V3_NODES = tuple(_v3_node(node) for node in V1_NODES)
+V3_NODES = tuple(_v3_node(node) for node in V1_NODES + OPTIONAL_NODES)
 
 
 class ToMeExtension(ComfyExtension):

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-NODE_IDS = {"TomeCoreToMe", "TomeCoreToMeAdvanced"}
+NODE_IDS = {"TomeCoreToMe", "TomeCoreToMeAdvanced"}  # what the pack registers where ComfyUI-WanVideoWrapper is not
+LISTED_IDS = NODE_IDS | {"TomeCoreToMeWanVideo"}  # what ComfyUI-Manager maps to the pack (node_list.json lists it)
 PRODUCT = ["__init__.py", "nodes/tome_nodes.py", "nodes/tome_v3.py", "web/tome.js", "tome_core/engine/merge.py",
            "tome_core/catalogue/families.py", "tome_core/adapters/model_patcher/dit.py", "README.md", "LICENSE",
            "pyproject.toml", "node_list.json", "example_workflows/ToMe_SD15_basic.json"]
@@ -120,12 +121,13 @@ def manager_scan(root: Path) -> set:
 
 
 def test_manager_finds_exactly_our_nodes_in_the_repository_and_the_archive(archive, tmp_path):
-    """"Install Missing Custom Nodes" maps a shared workflow's TomeCoreToMe / TomeCoreToMeAdvanced to this pack, and
-    nothing else (the test suite's own nodes are not offered as the pack's)."""
+    """"Install Missing Custom Nodes" maps a shared workflow's TomeCoreToMe / TomeCoreToMeAdvanced /
+    TomeCoreToMeWanVideo to this pack, and nothing else (the test suite's own nodes are not offered as the pack's)."""
     from nodes.tome_nodes import NODE_CLASS_MAPPINGS, ToMe, ToMeAdvanced
+    from nodes.tome_wanvideo import ToMeWanVideo
 
     assert {ToMe.NODE_ID, ToMeAdvanced.NODE_ID} == set(NODE_CLASS_MAPPINGS) == NODE_IDS
-    assert manager_scan(REPO) == NODE_IDS  # the scanner clones the git repository
+    assert manager_scan(REPO) == LISTED_IDS == NODE_IDS | {ToMeWanVideo.NODE_ID}  # the scanner clones the repository
     unpacked = tmp_path / "pack"
     zipfile.ZipFile(archive).extractall(unpacked)
-    assert manager_scan(unpacked) == NODE_IDS
+    assert manager_scan(unpacked) == LISTED_IDS

@@ -22,6 +22,7 @@ from .comfy_dits import DOUBLE_SINGLE as COMFY_DOUBLE_SINGLE
 from .diffusers_dits import (FLUX_BLOCKS, TRANSFORMERS, BlockList, DiffusersDiT, KeyInputs, MergeInputs, Timestep,
                              rope_image_then_text, rope_over_text_and_image, rope_over_video, rope_over_video_heads)
 from .diffusers_dits import DOUBLE_SINGLE as DIFFUSERS_DOUBLE_SINGLE
+from .wanvideo import WANVIDEO_WRAPPER, WanVideoDiT
 
 # Mode merge on Wan's blocks: their "double_block" replace patches (the blocks report no type), the video's rotary
 # table on axis 1, Wan 2.2 ti2v's per-token timestep; VACE's vace_blocks run whole (called without replace patches;
@@ -38,6 +39,7 @@ class ModelFamily:
     grid_dims: 2 (images) or 3 (frames x height x width): the shape of the token grid mode kv reduces.
     native_px: (width, height) the family is made for, where the benchmark runs it, else None.
     diffusers, comfy: the host classes of the family, as bindings; empty where that host has none.
+    wanvideo: the classes of kijai's ComfyUI-WanVideoWrapper (its own loader, sampler and model type), as bindings.
     default_mode: the mode used where none is asked for (the basic ComfyUI node, ``apply_patch`` without
         ``mode``): the lowest error per unit of speed-up measured (docs/TRANSFORMERS.md, "Mode merge"); "merge"
         only where the family has merge bindings, and only on the classes they reach (the others get kv).
@@ -50,13 +52,19 @@ class ModelFamily:
     diffusers: Tuple[DiffusersDiT, ...] = ()
     comfy: Tuple[ComfyDiT, ...] = ()
     default_mode: str = "kv"
+    wanvideo: Tuple[WanVideoDiT, ...] = ()
+
+    @property
+    def bindings(self) -> tuple:
+        """Every host binding of the family."""
+        return self.diffusers + self.comfy + self.wanvideo
 
     def mode_for(self, merges: bool) -> str:
         """The mode used where none is asked for, on a class that does (``merges``) or does not take mode merge."""
         return "merge" if self.default_mode == "merge" and merges else "kv"
 
     def __post_init__(self) -> None:
-        merges = any(b.merge is not None for b in self.diffusers + self.comfy)
+        merges = any(b.merge is not None for b in self.bindings)
         if self.default_mode not in ("kv", "merge") or (self.default_mode == "merge" and not merges):
             raise ValueError(f"ToMe: family {self.name}: default_mode {self.default_mode!r} needs merge bindings.")
 
@@ -219,6 +227,9 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
                      appended=(TIME_CONCAT, Appended("reference_latent", place="before", in_time=True)), **WAN_HOST,
                      merge=ComfyMerge(pe_axis=1, per_token=("vec",))),
         ),
+        # kijai's ComfyUI-WanVideoWrapper (v1.4.7): its own WanModel, loader and sampler (WANVIDEOMODEL); mode merge
+        # and kv through hooks on its blocks, its features placed or refused by name (wanvideo.py).
+        wanvideo=(WANVIDEO_WRAPPER,),
     ),
     ModelFamily(
         'hunyuan_video', 'HunyuanVideo (1.0, 1.5, HunyuanImage 2.1)', grid_dims=3,
@@ -461,7 +472,7 @@ BY_NAME: Dict[str, ModelFamily] = {family.name: family for family in CATALOGUE}
 
 def family_of_binding(binding: object) -> Optional[ModelFamily]:
     """The catalogue entry a host binding belongs to."""
-    return next((family for family in CATALOGUE if binding in family.diffusers or binding in family.comfy), None)
+    return next((family for family in CATALOGUE if binding in family.bindings), None)
 
 
 def titles(host: str) -> str:
@@ -473,13 +484,20 @@ def markdown_list() -> str:
     """The README's supported list: the UNet families, then each transformer family and where it runs."""
     lines = [f"- UNets (modes merge and kv): {', '.join(UNET_FAMILIES)}"]
     for family in CATALOGUE:
-        hosts = [label for label, held in (("diffusers", family.diffusers), ("ComfyUI", family.comfy)) if held]
-        merging = [label for label, bindings in (("diffusers", family.diffusers), ("ComfyUI", family.comfy))
-                   if any(binding.merge is not None for binding in bindings)]
-        only = "" if merging == hosts else f" in {' and '.join(merging)}"
+        held = [(label, getattr(family, host)) for label, host in HOSTS if getattr(family, host)]
+        hosts = [label for label, _ in held]
+        merging = [label for label, bindings in held if any(binding.merge is not None for binding in bindings)]
+        only = "" if merging == hosts else f" in {_joined(merging)}"
         modes = f"modes kv and merge{only}, default {family.default_mode}" if merging else "mode kv"
-        lines.append(f"- {family.title} (`{family.name}`, {modes}): {' and '.join(hosts)}")
+        lines.append(f"- {family.title} (`{family.name}`, {modes}): {_joined(hosts)}")
     return "\n".join(lines) + "\n"
+
+
+HOSTS = (("diffusers", "diffusers"), ("ComfyUI", "comfy"), ("ComfyUI-WanVideoWrapper", "wanvideo"))
+
+
+def _joined(labels: list) -> str:
+    return " and ".join(labels) if len(labels) < 3 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
 
 def short_title(family: ModelFamily) -> str:
@@ -488,8 +506,9 @@ def short_title(family: ModelFamily) -> str:
 
 
 def modes_of(family: ModelFamily, host: Optional[str] = None) -> Tuple[str, ...]:
-    """The modes ``family`` takes on ``host`` ("diffusers" or "comfy"; None: on either): ("kv",) or ("kv", "merge")."""
-    bindings = family.diffusers + family.comfy if host is None else getattr(family, host)
+    """The modes ``family`` takes on ``host`` ("diffusers", "comfy" or "wanvideo"; None: on any): ("kv",) or
+    ("kv", "merge")."""
+    bindings = family.bindings if host is None else getattr(family, host)
     return ("kv", "merge") if any(binding.merge is not None for binding in bindings) else ("kv",)
 
 

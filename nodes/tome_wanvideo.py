@@ -1,0 +1,132 @@
+"""ToMe (WanVideoWrapper): kijai's ComfyUI-WanVideoWrapper model (``WANVIDEOMODEL``) in, a patched clone of it out.
+
+Registered only where the wrapper is installed (``wrapper_installed``), so the pack loads and works unchanged without
+it. The node is thin: widgets in, ``tome_core.adapters.wanvideo``'s plan (every refusal the model already shows, and
+the description) and clone out; the description is the node's UI message and goes to the log.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterable, Optional
+
+try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
+    from ..tome_core.adapters.wanvideo import patch_wanvideo, plan_wanvideo
+    from ..tome_core.engine.config import MODES, SPEED_CHECKS
+except ImportError:  # imported with tome_core on sys.path
+    from tome_core.adapters.wanvideo import patch_wanvideo, plan_wanvideo
+    from tome_core.engine.config import MODES, SPEED_CHECKS
+from .tome_nodes import ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, RATIO, _config
+
+WANVIDEOMODEL = "WANVIDEOMODEL"
+_LOG = logging.getLogger("tome")
+# What marks the wrapper's folder (v1.4.7): its model module and its loader's module.
+WRAPPER_FILES = ("wanvideo/modules/model.py", "nodes_model_loading.py")
+
+
+def _custom_node_folders() -> Iterable[Path]:
+    """The folders ComfyUI loads custom nodes from: this pack's parent, and ComfyUI's list where it is loaded."""
+    yield Path(__file__).resolve().parents[2]
+    folder_paths = sys.modules.get("folder_paths")  # ComfyUI's own module, imported before any custom node
+    getter = getattr(folder_paths, "get_folder_paths", None)
+    if callable(getter):
+        try:
+            yield from (Path(p) for p in getter("custom_nodes"))
+        except (KeyError, TypeError):
+            return
+
+
+def wrapper_installed(folders: Optional[Iterable[Path]] = None) -> bool:
+    """Whether ComfyUI-WanVideoWrapper is installed: its loader module already imported (a module named ...
+    ``nodes_model_loading`` with ``WanVideoModelLoader``), or a custom node folder (not ``.disabled``, which ComfyUI
+    skips) holding its files. Nothing of the wrapper is imported."""
+    for name, module in list(sys.modules.items()):
+        if name.endswith("nodes_model_loading") and hasattr(module, "WanVideoModelLoader"):
+            return True
+    for root in folders if folders is not None else _custom_node_folders():
+        try:
+            children = [child for child in Path(root).iterdir() if child.is_dir()]
+        except OSError:
+            continue
+        for child in children:
+            if not child.name.endswith(".disabled") and all((child / f).is_file() for f in WRAPPER_FILES):
+                return True
+    return False
+
+
+MODE_INPUT = (list(MODES), {"default": "merge", "tooltip":
+              "merge: fewer video tokens through whole blocks (ratio of them merged into a similar neighbour of "
+              "their 2x2 window, each token gets its group's update back; the most speed). kv: every token keeps its query, the self-attention's "
+              "keys/values are downsampled (gentler, less speed; needs attention_mode sdpa or comfy)."})
+START_INPUT = ("FLOAT", dict(ADVANCED_INPUTS["start_percent"][1], tooltip=
+               "Sampling progress from which ToMe is on: the wrapper's step / steps (0 = the first step)."))
+END_INPUT = ("FLOAT", dict(ADVANCED_INPUTS["end_percent"][1], tooltip=
+             "Sampling progress after which ToMe is off (1 = until the last step)."))
+SPEED_CHECK_INPUT = (list(SPEED_CHECKS), {"default": "auto", "tooltip":
+                     "auto: on a GPU, each call shape is timed once at the first step (the model call whole against "
+                     "reduced) and left whole where ToMe measured slower (the verdict is in the server log; not "
+                     "timed beside TeaCache/MagCache/EasyCache, whose state a repeated call would disturb); the CPU "
+                     "is not timed. off: always reduce. on: time on the CPU too."})
+
+
+class ToMeWanVideo:
+    """ToMe for kijai's ComfyUI-WanVideoWrapper: its WANVIDEOMODEL in, a patched copy out."""
+
+    NODE_ID = "TomeCoreToMeWanVideo"
+    DISPLAY_NAME = "ToMe (WanVideoWrapper)"
+    DESCRIPTION = ("Token Merging for ComfyUI-WanVideoWrapper's Wan models: fewer video tokens through the blocks "
+                   "(merge) or fewer keys/values (kv). Put it between the WanVideo model loader (and its LoRA, "
+                   "block swap and attention nodes) and the WanVideo sampler; features it cannot carry are refused "
+                   "by name before sampling.")
+    CATEGORY = CATEGORY
+    RETURN_TYPES = (WANVIDEOMODEL,)
+    OUTPUT_TOOLTIPS = ("A copy of the model with ToMe applied.",)
+    FUNCTION = "patch"
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        model = (WANVIDEOMODEL, {"tooltip": "The model of the WanVideo model loader (Wan 2.1/2.2 t2v, i2v, Fun, "
+                                            "Phantom, VACE, ...). It is not changed: the node returns a patched copy."})
+        ratio = (RATIO[0], dict(RATIO[1], max=0.98, tooltip=
+                                "Fraction of the video tokens merged away (merge), or the key/value window closest "
+                                "to it (kv: 0.5 -> 1x2, 0.75 -> 2x2). 0.5 is the measured default; 0 turns ToMe off. "
+                                "At most 1 - 1/(sx*sy)."))
+        required = {"model": model, "ratio": ratio, "mode": MODE_INPUT, "sx": ADVANCED_INPUTS["sx"],
+                    "sy": ADVANCED_INPUTS["sy"], "use_rand": ADVANCED_INPUTS["use_rand"],
+                    "tome_seed": ADVANCED_INPUTS["tome_seed"], "start_percent": START_INPUT,
+                    "end_percent": END_INPUT}
+        return {"required": required, "optional": dict(BLOCK_INPUTS, speed_check=SPEED_CHECK_INPUT),
+                "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    @classmethod
+    def spec(cls) -> Dict[str, tuple]:
+        inputs = cls.INPUT_TYPES()
+        return dict(inputs["required"], **inputs.get("optional", {}))
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, mode=None):
+        if mode is None or mode in MODES:  # None: linked, checked when the node runs
+            return True
+        return f"ToMe: mode must be one of {', '.join(MODES)}, got {mode!r}."
+
+    def patch(self, model, ratio, mode, sx, sy, use_rand, tome_seed, start_percent, end_percent, block_start=-1.0,
+              block_end=1.0, speed_check="auto", unique_id=None):
+        patched, ui = patch(model, self.spec(), dict(
+            ratio=ratio, mode=mode, sx=sx, sy=sy, use_rand=use_rand, tome_seed=tome_seed, start_percent=start_percent,
+            end_percent=end_percent, block_start=block_start, block_end=block_end, speed_check=speed_check))
+        return {"ui": ui, "result": (patched,)}
+
+def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: Optional[str] = None) -> tuple:
+    """The patched clone and the node's UI message (the plan's description, also logged); shared by V1 and V3 (the
+    speed check's verdicts go to the log: ``node_id`` is not used)."""
+    config = _config(spec, **values)
+    description = plan_wanvideo(model, config)  # every refusal, before anything is cloned
+    patched = patch_wanvideo(model, config)
+    for line in description["text"]:
+        _LOG.info(line)
+    return patched, {"tome": [description]}
+
+
+ToMeWanVideo.patch_function = staticmethod(patch)  # what the V3 node (tome_v3.py) runs
+WANVIDEO_NODES = (ToMeWanVideo,)
