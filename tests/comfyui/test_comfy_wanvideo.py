@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
+import types
 
 import pytest
 import torch
@@ -311,17 +313,38 @@ def test_default_rope_refused_in_merge_only(comfy):
 
 
 def test_kv_that_reaches_no_sdpa_stops_at_the_first_call(comfy, monkeypatch):
-    """attention_mode 'comfy' with a ComfyUI attention other than PyTorch's: no key ToMe could shorten."""
+    """A self-attention that never reaches torch's scaled_dot_product_attention (a kernel of its own, a node that runs
+    the blocks itself): no key ToMe could shorten, and the first model call says so instead of an unreduced video."""
     def manual(q, k, v, attention_mode="sdpa", heads=1):
         weights = torch.softmax(q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2) / q.shape[-1] ** 0.5, -1)
         return (weights @ v.transpose(1, 2)).transpose(1, 2)
 
     monkeypatch.setattr(ws, "attention", manual)  # the stand-in's own attention function
+    with pytest.raises(RuntimeError, match="mode kv reached no self-attention .*of WanModel's first model call.*"
+                                           "Use attention_mode sdpa or ToMe's mode merge"):
+        ws.sample(tome(make(comfy), mode="kv"), LATENT, TEXT, steps=1)
+
+
+def test_kv_under_comfy_attention_needs_comfys_pytorch_attention(comfy, monkeypatch):
+    """attention_mode 'comfy' calls ComfyUI's optimized_attention without transformer_options: kv reaches it only where
+    that is attention_pytorch (read from the ComfyUI module loaded, before cloning)."""
+    def attention_split(*args, **kwargs):
+        raise AssertionError("never called")
+
+    def attention_pytorch(*args, **kwargs):
+        raise AssertionError("never called")
+
     patcher = make(comfy)
     patcher.model.diffusion_model.attention_mode = "comfy"
-    with pytest.raises(RuntimeError, match="mode kv reached no self-attention.*attention_mode 'comfy' with a ComfyUI "
-                                           "attention other than PyTorch's.*Use attention_mode sdpa or ToMe's mode merge"):
-        ws.sample(tome(patcher, mode="kv"), LATENT, TEXT, steps=1)
+    monkeypatch.setitem(sys.modules, "comfy.ldm.modules.attention", types.SimpleNamespace(
+        optimized_attention=attention_split))
+    with pytest.raises(ValueError, match="mode kv does not reach attention_mode 'comfy'.*this ComfyUI's attention is "
+                                         "attention_split.*--use-pytorch-cross-attention"):
+        tome(patcher, mode="kv")
+    tome(patcher, mode="merge")  # merge runs under any ComfyUI attention
+    monkeypatch.setitem(sys.modules, "comfy.ldm.modules.attention", types.SimpleNamespace(
+        optimized_attention=attention_pytorch))
+    tome(patcher, mode="kv")
 
 
 @pytest.mark.parametrize("mode", ["merge", "kv"])

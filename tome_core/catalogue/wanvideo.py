@@ -95,8 +95,11 @@ FEATURES: Tuple[WrapperFeature, ...] = (
 
 # Attention modes of the wrapper (nodes_model_loading.py attention_modes) and what ToMe can do under each.
 # Mode kv shortens the keys handed to torch's scaled_dot_product_attention, where the self-attention ends for "sdpa"
-# and for "comfy" with ComfyUI's PyTorch attention; the others call a kernel of their own (flash-attn, SageAttention).
+# and for "comfy" with ComfyUI's PyTorch attention (``optimized_attention`` is ``attention_pytorch``; the wrapper calls
+# it without transformer_options, so ComfyUI's attention override cannot reach it); the others call a kernel of their
+# own (flash-attn, SageAttention).
 KV_ATTENTION = ("sdpa", "comfy")
+COMFY_SDPA = "attention_pytorch"
 # These read the tokens by position (a radial mask built for the whole stream, UltraVico's frame_tokens): merge would
 # hand them fewer tokens than they are built for.
 POSITIONAL_ATTENTION = ("radial_sage_attention", "sageattn_ultravico")
@@ -105,8 +108,14 @@ POSITIONAL_ATTENTION = ("radial_sage_attention", "sageattn_ultravico")
 TABLE_ROPE = ("comfy", "comfy_chunked")
 
 
-def attention_refusal(attention: str, mode: str, where: str) -> Optional[str]:
-    """Why ``mode`` cannot run under the wrapper's attention mode ``attention`` (set by ``where``), else None."""
+def attention_refusal(attention: str, mode: str, where: str, comfy_attention: Optional[str] = None) -> Optional[str]:
+    """Why ``mode`` cannot run under the wrapper's attention mode ``attention`` (set by ``where``), else None.
+    comfy_attention: the name of the running ComfyUI's ``optimized_attention`` where known (attention_mode "comfy")."""
+    if mode == "kv" and attention == "comfy" and comfy_attention not in (None, COMFY_SDPA):
+        return (f"ToMe (WanVideoWrapper): mode kv does not reach attention_mode 'comfy' ({where}) here: this ComfyUI's "
+                f"attention is {comfy_attention}, not PyTorch's scaled_dot_product_attention, where ToMe shortens the "
+                "keys; use attention_mode sdpa, start ComfyUI with --use-pytorch-cross-attention, or use ToMe's mode "
+                "merge.")
     if attention in POSITIONAL_ATTENTION:
         return (f"ToMe (WanVideoWrapper): attention_mode {attention!r} ({where}) is not supported with ToMe: it "
                 "reads the tokens by position (a radial mask or UltraVico's frame_tokens built for the whole stream); "

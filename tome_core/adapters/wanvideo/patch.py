@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Tuple
 
 from ...catalogue.families import BY_NAME, short_title
-from ...catalogue.wanvideo import WANVIDEO_WRAPPER, WRAPPER, attention_refusal, feature_refusals
+from ...catalogue.wanvideo import WANVIDEO_WRAPPER, WRAPPER, feature_refusals
 from ...engine.blocks import chosen_blocks
 from ...engine.config import ToMeConfig
 from ...engine.kv import window_for_dims
 from .hooks import OPTIONS_KEY, install, patch_in
-from .state import WanVideoPatch
+from .state import WanVideoPatch, attention_refusals
 
 FAMILY = BY_NAME["wan"]
 
@@ -45,12 +45,7 @@ def check_wanvideo(patcher: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...
     if config.kv_downsample != "nearest":
         raise ValueError("ToMe (WanVideoWrapper): kv_downsample 'avg' would average RoPE-rotated keys; use 'nearest'.")
     options = getattr(patcher, "model_options", {}).get("transformer_options") or {}
-    refused = feature_refusals(model, {}, options, config.mode)
-    override = options.get("attention_mode_override")
-    if not refused and isinstance(override, dict) and override.get("mode"):
-        refused = attention_refusal(str(override["mode"]), config.mode, "WanVideoSetAttentionModeOverride")
-    refused = refused or attention_refusal(str(getattr(model, "attention_mode", "sdpa")), config.mode,
-                                           "the model loader's attention_mode")
+    refused = feature_refusals(model, {}, options, config.mode) or attention_refusals(model, options, config.mode)
     compile_args = _pipeline(patcher, "compile_args")
     if not refused and isinstance(compile_args, dict) and not compile_args.get("compile_transformer_blocks_only", True):
         refused = ("ToMe (WanVideoWrapper): WanVideoTorchCompileSettings with compile_transformer_blocks_only off "

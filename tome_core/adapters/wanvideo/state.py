@@ -8,6 +8,7 @@ that the block hooks read, and ``end``s it.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -207,17 +208,32 @@ def call_refusal(model: Any, kwargs: dict, options: dict, mode: str) -> Optional
     refused = feature_refusals(model, kwargs, options, mode)
     if refused:
         return refused
-    override = options.get("attention_mode_override")
-    if isinstance(override, dict) and override.get("mode"):
-        refused = attention_refusal(str(override["mode"]), mode, "WanVideoSetAttentionModeOverride")
-    refused = refused or attention_refusal(str(getattr(model, "attention_mode", "sdpa")), mode,
-                                           "the model loader's attention_mode")
+    refused = attention_refusals(model, options, mode)
     refused = refused or rope_refusal(str(getattr(model, "rope_func", "comfy")), mode)
     if not refused and mode == "merge" and multiple_prompts(kwargs):
         refused = ("ToMe (WanVideoWrapper): several prompts (or CLIP embeddings) over one video are not supported "
                    "with ToMe's mode merge: the wrapper splits the video tokens by frame between them; use mode kv, "
                    "or one prompt.")
     return refused
+
+
+def comfy_attention() -> Optional[str]:
+    """The name of the running ComfyUI's ``optimized_attention`` (what the wrapper's attention_mode "comfy" calls), read
+    from the module ComfyUI has loaded (never imported here); None outside ComfyUI."""
+    attention = sys.modules.get("comfy.ldm.modules.attention")
+    function = getattr(attention, "optimized_attention", None)
+    return getattr(function, "__name__", None) if function is not None else None
+
+
+def attention_refusals(model: Any, options: dict, mode: str) -> Optional[str]:
+    """Why ``mode`` cannot run under the attention the model's blocks use: an override another node set (it wins where
+    it applies), else the loader's attention_mode."""
+    override = options.get("attention_mode_override")
+    found = None
+    if isinstance(override, dict) and override.get("mode"):
+        found = attention_refusal(str(override["mode"]), mode, "WanVideoSetAttentionModeOverride", comfy_attention())
+    return found or attention_refusal(str(getattr(model, "attention_mode", "sdpa")), mode,
+                                      "the model loader's attention_mode", comfy_attention())
 
 
 def unreached(mode: str, model: Any) -> str:
