@@ -3,7 +3,7 @@
 // built), no network calls; values come from the node's widgets, the graph and the last run.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { NODE_IDS, describeLevels } from "./tome_levels.js";
+import { NODE_IDS, WANVIDEO_NODE_ID, describeLevels } from "./tome_levels.js";
 
 // Sent by the server (nodes/ui_messages.py) when the speed check decides a level during sampling.
 export const LEVELS_EVENT = "tome.levels";
@@ -76,6 +76,9 @@ export function infoLines(node, graph) {
   }
   const lastRun = node.tomeLastRun;
   if (lastRun?.family) return ditLines(lastRun);
+  if (node.tomeNodeId === WANVIDEO_NODE_ID) {  // a WanVideoWrapper model: no UNet levels to draw before the run
+    return [`WanVideoWrapper: mode ${settings.mode ?? "merge"}, ratio ${settings.ratio ?? 0.5}; the plan is shown after the node runs`];
+  }
   const base = lastRun?.base_downsample ?? 1;
   const size = findLatentSize(node, graph);
   const width = size?.width ?? 512;
@@ -112,6 +115,7 @@ export const extension = {
   },
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!NODE_IDS.includes(nodeData?.name)) return;
+    nodeType.prototype.tomeNodeId = nodeData.name;
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);

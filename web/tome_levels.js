@@ -1,7 +1,8 @@
 // Token counts per UNet attention level for a ToMe setting: a mirror of tome_core's planning
 // (tome_core/plan.py, merge.py, levels.py) for display only. Pure functions, no DOM, no network.
 
-export const NODE_IDS = ["TomeCoreToMe", "TomeCoreToMeAdvanced"];
+export const WANVIDEO_NODE_ID = "TomeCoreToMeWanVideo";  // registered only beside ComfyUI-WanVideoWrapper
+export const NODE_IDS = ["TomeCoreToMe", "TomeCoreToMeAdvanced", WANVIDEO_NODE_ID];
 
 export const DEFAULTS = Object.freeze({
   ratio: 0.5, max_downsample: 1, sx: 2, sy: 2, mode: "merge", min_tokens: 0,

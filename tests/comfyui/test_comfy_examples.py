@@ -30,13 +30,16 @@ from comfy_env import PACKAGE_NAME
 EXAMPLES = Path(__file__).resolve().parents[2] / "example_workflows"
 NAMES = sorted(path.stem for path in EXAMPLES.glob("*.json"))
 OUR_NODES = ("TomeCoreToMe", "TomeCoreToMeAdvanced")
+WANVIDEO_NODE = "TomeCoreToMeWanVideo"  # registered only beside ComfyUI-WanVideoWrapper, whose nodes its example needs
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", "COMFY_DYNAMICCOMBO_V3"}
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
 # Combos that list the user's model files: none exist in the tests, so any file name is accepted there.
 MODEL_FILE_INPUTS = {"ckpt_name", "unet_name", "clip_name", "clip_name1", "clip_name2", "clip_name3", "vae_name",
-                     "lora_name", "text_encoder", "model_name", "control_net_name"}
+                     "lora_name", "text_encoder", "model_name", "control_net_name",
+                     "model", "lora_0", "lora_1", "lora_2", "lora_3", "lora_4"}  # the WanVideoWrapper's loaders
 MODEL_FILE_SUFFIXES = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".bin", ".gguf")
-SAMPLING_NODES = {"KSampler", "KSamplerAdvanced", "SamplerCustom", "CFGGuider", "BasicGuider", "DualCFGGuider"}
+SAMPLING_NODES = {"KSampler", "KSamplerAdvanced", "SamplerCustom", "CFGGuider", "BasicGuider", "DualCFGGuider",
+                  "WanVideoSampler"}
 
 
 def load(name: str) -> dict:
@@ -85,8 +88,8 @@ def value_problem(name: str, spec: list, value: Any) -> Optional[str]:
     kind = options.get("widgetType", kind)
     if isinstance(kind, list) or kind == "COMBO":
         choices = kind if isinstance(kind, list) else options.get("options", [])
-        if name in MODEL_FILE_INPUTS or not choices:
-            ok = isinstance(value, str) and value.endswith(MODEL_FILE_SUFFIXES)
+        if name in MODEL_FILE_INPUTS or not choices:  # a file name, or an option the list has ("none")
+            ok = isinstance(value, str) and (value.endswith(MODEL_FILE_SUFFIXES) or value in choices)
             return None if ok else f"{name} = {value!r} is not a model file name"
         return None if value in choices else f"{name} = {value!r} is not among its options {choices}"
     if kind == "COMFY_DYNAMICCOMBO_V3":
@@ -214,14 +217,19 @@ def test_example_matches_the_live_node_definitions(object_info, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_tome_patches_the_model_the_sampler_uses(name):
     """One ToMe node, fed a model and feeding the sampler; the DiT examples use the basic node at the
-    README's setting (ratio 0.5; the node picks the family's mode and block range itself)."""
+    README's setting (ratio 0.5; the node picks the family's mode and block range itself), the WanVideoWrapper's its
+    own node in mode merge at ratio 0.5, every other input at its default."""
     workflow = load(name)
     nodes = {node["id"]: node for node in workflow["nodes"]}
-    (tome,) = [node for node in workflow["nodes"] if node["type"] in OUR_NODES]
+    (tome,) = [node for node in workflow["nodes"] if node["type"] in OUR_NODES + (WANVIDEO_NODE,)]
     assert tome["mode"] == 0 and tome["inputs"][0]["name"] == "model" and tome["inputs"][0]["link"] is not None
     fed = [row[3] for row in workflow["links"] if row[1] == tome["id"]]
     assert fed and all(nodes[target]["type"] in SAMPLING_NODES for target in fed), fed
-    if not name.startswith("ToMe_SD15"):
+    if name.startswith("ToMe_WanVideoWrapper"):
+        assert tome["type"] == WANVIDEO_NODE
+        assert tome["widgets_values"] == [0.5, "merge", 2, 2, True, 0, 0.0, 1.0, -1.0, 1.0, "auto"]
+        assert not [node for node in workflow["nodes"] if node["type"] == "WanVideoEnhanceAVideo"]  # merge refuses FETA
+    elif not name.startswith("ToMe_SD15"):
         assert tome["type"] == "TomeCoreToMe" and tome["widgets_values"] == [0.5, 1]
 
 

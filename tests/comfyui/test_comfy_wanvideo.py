@@ -185,8 +185,9 @@ def _native_and_wrapper(comfy, native_patcher, wrapper_patcher, context):
     model = native_patcher.model.diffusion_model
     seen = {}
 
-    def inputs(module, args, kwargs):
-        seen.setdefault("in", (args[0].clone(), args[1].clone(), args[2].clone()))
+    def inputs(module, args, kwargs):  # forward(x, timestep, context, ...): context is passed by keyword
+        found = [args[i] if len(args) > i else kwargs[name] for i, name in enumerate(("x", "timestep", "context"))]
+        seen.setdefault("in", tuple(value.clone() for value in found))
 
     def outputs(module, args, kwargs, out):
         seen.setdefault("out", out.clone())

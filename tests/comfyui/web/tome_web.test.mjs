@@ -146,3 +146,18 @@ test("the speed check's verdicts sent during sampling are drawn on the node they
   node.widgets[1].value = "off";
   assert.ok(!module.infoLines(node, graph).some((line) => line.includes("speed check")));
 });
+
+test("the WanVideoWrapper node draws its mode before a run and the plan after it", async () => {
+  const { module } = await loadExtension();
+  class NodeType {}
+  await module.extension.beforeRegisterNodeDef(NodeType, { name: "TomeCoreToMeWanVideo" });
+  const node = Object.assign(new NodeType(), { id: 8, outputs: [{ name: "model", type: "WANVIDEOMODEL", links: [] }],
+    widgets: [{ name: "ratio", value: 0.5 }, { name: "mode", value: "kv" }] });
+  const empty = { links: {}, getNodeById: () => undefined };
+  assert.deepEqual(module.infoLines(node, empty),
+    ["WanVideoWrapper: mode kv, ratio 0.5; the plan is shown after the node runs"]);
+  node.onExecuted({ tome: [{ model_type: "ComfyUI-WanVideoWrapper WanModel", family: "wan", mode: "kv", ratio: 0.5,
+                             kv_window: [1, 1, 2], blocks: [30, 30] }] });
+  assert.deepEqual(module.infoLines(node, empty), ["ComfyUI-WanVideoWrapper WanModel (wan): mode kv on image tokens",
+    "keys/values: 1 of 2 per 1x1x2 window; every query and text token kept", "all 30 blocks"]);
+});
