@@ -17,7 +17,7 @@ try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
 except ImportError:  # imported with tome_core on sys.path
     from tome_core.adapters.wanvideo import patch_wanvideo, plan_wanvideo
     from tome_core.engine.config import MODES, SPEED_CHECKS
-from .tome_nodes import ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, RATIO, _config
+from .tome_nodes import ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, RATIO, ToMe, ToMeAdvanced, _config
 
 WANVIDEOMODEL = "WANVIDEOMODEL"
 _LOG = logging.getLogger("tome")
@@ -99,16 +99,8 @@ class ToMeWanVideo:
         return {"required": required, "optional": dict(BLOCK_INPUTS, speed_check=SPEED_CHECK_INPUT),
                 "hidden": {"unique_id": "UNIQUE_ID"}}
 
-    @classmethod
-    def spec(cls) -> Dict[str, tuple]:
-        inputs = cls.INPUT_TYPES()
-        return dict(inputs["required"], **inputs.get("optional", {}))
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, mode=None):
-        if mode is None or mode in MODES:  # None: linked, checked when the node runs
-            return True
-        return f"ToMe: mode must be one of {', '.join(MODES)}, got {mode!r}."
+    spec = classmethod(ToMe.spec.__func__)  # every input's (type, options): the one table both schemas use
+    VALIDATE_INPUTS = classmethod(ToMeAdvanced.VALIDATE_INPUTS.__func__)  # declares mode alone, as the advanced node
 
     def patch(self, model, ratio, mode, sx, sy, use_rand, tome_seed, start_percent, end_percent, block_start=-1.0,
               block_end=1.0, speed_check="auto", unique_id=None):
