@@ -268,6 +268,10 @@ def test_whole_transformer_compile_and_other_models_are_refused(comfy):
     longcat.model.diffusion_model.is_longcat = True
     with pytest.raises(ValueError, match="LongCat-Video is not supported with ToMe's mode merge.*remove it or the ToMe"):
         tome(longcat)
+    humo = make(comfy)
+    humo.model.diffusion_model.humo_audio = True  # the loader's flag of a HuMo checkpoint
+    with pytest.raises(ValueError, match="a HuMo model is not supported with ToMe's mode kv: ToMe has not been run"):
+        tome(humo, mode="kv")
     other = make(comfy)
     other.model.diffusion_model = torch.nn.Linear(2, 2)
     with pytest.raises(TypeError, match="expected a ComfyUI-WanVideoWrapper model .*got torch.nn.modules.linear.Linear"

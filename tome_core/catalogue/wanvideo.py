@@ -85,6 +85,10 @@ FEATURES: Tuple[WrapperFeature, ...] = (
     WrapperFeature("attn_cond", "reference tokens of add_cond_latents (attn_cond)", _EXTRA, NOT_YET, _REMOVE),
     WrapperFeature("unianim_data", "UniAnimate pose", NOT_YET, NOT_YET, _REMOVE),
     WrapperFeature("model.is_longcat", "LongCat-Video", "it views each block's tokens as frames", NOT_YET, _REMOVE),
+    WrapperFeature("model.humo_audio", "a HuMo model", "its reference frames sit in the video latent and its "
+                   "audio attention reads the tokens by frame", NOT_YET, _REMOVE),
+    WrapperFeature("model.motion_encoder", "a WanAnimate model", "its reference frame sits in the video latent",
+                   NOT_YET, _REMOVE),
     WrapperFeature("model.video_attention_split_steps", "experimental_args video_attention_split_steps",
                    "it splits the self-attention by frame", "it splits the self-attention by frame, below where "
                    "ToMe shortens keys", "clear video_attention_split_steps, or remove the ToMe node"),
