@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Optional
 
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
-    from ..tome_core.adapters.wanvideo import patch_wanvideo, plan_wanvideo
+    from ..tome_core.adapters.wanvideo import patch_of, patch_wanvideo, plan_wanvideo
     from ..tome_core.engine.config import MODES, SPEED_CHECKS
 except ImportError:  # imported with tome_core on sys.path
-    from tome_core.adapters.wanvideo import patch_wanvideo, plan_wanvideo
+    from tome_core.adapters.wanvideo import patch_of, patch_wanvideo, plan_wanvideo
     from tome_core.engine.config import MODES, SPEED_CHECKS
 from .tome_nodes import ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, RATIO, ToMe, ToMeAdvanced, _config
+from .ui_messages import announce_levels
 
 WANVIDEOMODEL = "WANVIDEOMODEL"
 _LOG = logging.getLogger("tome")
@@ -65,7 +66,8 @@ END_INPUT = ("FLOAT", dict(ADVANCED_INPUTS["end_percent"][1], tooltip=
              "Sampling progress after which ToMe is off (1 = until the last step)."))
 SPEED_CHECK_INPUT = (list(SPEED_CHECKS), {"default": "auto", "tooltip":
                      "auto: on a GPU, each call shape is timed once at the first step (the model call whole against "
-                     "reduced) and left whole where ToMe measured slower (the verdict is in the server log; not "
+                     "reduced) and left whole where ToMe measured slower (the verdict is shown on this node after the run and in "
+                     "the server log; not "
                      "timed beside TeaCache/MagCache/EasyCache, whose state a repeated call would disturb); the CPU "
                      "is not timed. off: always reduce. on: time on the CPU too."})
 
@@ -106,17 +108,19 @@ class ToMeWanVideo:
               block_end=1.0, speed_check="auto", unique_id=None):
         patched, ui = patch(model, self.spec(), dict(
             ratio=ratio, mode=mode, sx=sx, sy=sy, use_rand=use_rand, tome_seed=tome_seed, start_percent=start_percent,
-            end_percent=end_percent, block_start=block_start, block_end=block_end, speed_check=speed_check))
+            end_percent=end_percent, block_start=block_start, block_end=block_end, speed_check=speed_check), unique_id)
         return {"ui": ui, "result": (patched,)}
 
 def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: Optional[str] = None) -> tuple:
-    """The patched clone and the node's UI message (the plan's description, also logged); shared by V1 and V3 (the
-    speed check's verdicts go to the log: ``node_id`` is not used)."""
+    """The patched clone and the node's UI message (the plan's description, also logged); shared by V1 and V3. The
+    speed check's verdicts, decided while sampling, go to the log and to node ``node_id`` (``announce_levels``)."""
     config = _config(spec, **values)
     description = plan_wanvideo(model, config)  # every refusal, before anything is cloned
     patched = patch_wanvideo(model, config)
     for line in description["text"]:
         _LOG.info(line)
+    if node_id is not None:
+        announce_levels(patch_of(patched), node_id)
     return patched, {"tome": [description]}
 
 

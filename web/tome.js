@@ -75,7 +75,7 @@ export function infoLines(node, graph) {
     if (value !== undefined) settings[name] = value;
   }
   const lastRun = node.tomeLastRun;
-  if (lastRun?.family) return ditLines(lastRun);
+  if (lastRun?.family) return [...ditLines(lastRun), ...(node.tomeLevels ?? [])];  // WanVideoWrapper: its verdicts
   if (node.tomeNodeId === WANVIDEO_NODE_ID) {  // a WanVideoWrapper model: no UNet levels to draw before the run
     return [`WanVideoWrapper: mode ${settings.mode ?? "merge"}, ratio ${settings.ratio ?? 0.5}; the plan is shown after the node runs`];
   }

@@ -380,8 +380,11 @@ def test_step_window_and_speed_check(comfy, caplog):
     assert torch.equal(ws.sample(tome(patcher, start_percent=0.6), LATENT, TEXT, steps=2), expected)
     forget_verdicts()
     on = tome(patcher, speed_check="on")
+    sent = []
+    patch_of(on).listeners.append(sent.append)  # what the node sends to the browser (ui_messages.announce_levels)
     with caplog.at_level(logging.WARNING, logger="tome.dit"):
-        ws.sample(on, LATENT, TEXT, steps=1)
+        ws.sample(on, LATENT, TEXT, steps=2)
+    assert len(sent) == 1 and sent[0] == patch_of(on).describe_verdicts()  # decided once, at the first call
     lines = describe_patch(on).splitlines()
     assert lines[0].startswith("ToMe merge r=0.5 on Wan 2.x (ComfyUI-WanVideoWrapper)")
     assert any(line.startswith("3x4x6 video tokens, batch 1: ") and "measured" in line for line in lines), lines

@@ -160,4 +160,7 @@ test("the WanVideoWrapper node draws its mode before a run and the plan after it
                              kv_window: [1, 1, 2], blocks: [30, 30] }] });
   assert.deepEqual(module.infoLines(node, empty), ["ComfyUI-WanVideoWrapper WanModel (wan): mode kv on image tokens",
     "keys/values: 1 of 2 per 1x1x2 window; every query and text token kept", "all 30 blocks"]);
+  const verdict = "21x30x52 video tokens, batch 1: reduced: the model call with kv measured 1.17x on cuda:0 (NVIDIA H200)";
+  node.tomeLevels = [verdict];  // what onLevels puts there when the server sends the verdict (tome.levels)
+  assert.equal(module.infoLines(node, empty).at(-1), verdict);
 });

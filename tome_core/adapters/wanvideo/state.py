@@ -56,6 +56,7 @@ class WanVideoPatch(KVPatchState):
         self.current: Optional[Call] = None
         self.busy = False  # the speed check is repeating the call: the model hooks leave ``current`` as set
         self.reach_checked = False
+        self.listeners: list = []  # called with the verdict lines when the speed check decides a call shape
 
     def __deepcopy__(self, memo: dict) -> "WanVideoPatch":
         return self
@@ -98,13 +99,8 @@ class WanVideoPatch(KVPatchState):
             call.destinations = self.destinations_for(layout.grid, window, step, device)
         else:
             call.keep = self.keep_for(layout, step, device)
-        if config.speed_check != "off":
-            batch = len(latents)
-            run = None if _unrepeatable(model) else self._repeat(model, args, kwargs, call)
-            if not self.call_pays(("WanVideoWrapper", type(model).__name__, layout, batch),
-                                  call_label(layout.grid, batch), getattr(model, "base_dtype", torch.float32),
-                                  device, run):
-                return
+        if config.speed_check != "off" and not self._pays(model, args, kwargs, call, len(latents), device):
+            return
         self.current = call
 
     def end(self, model: torch.nn.Module) -> None:
@@ -121,6 +117,19 @@ class WanVideoPatch(KVPatchState):
         if self.config.mode == "merge":
             return True
         return any(s > 1 for s in dit_window(self.config.ratio, layout.grid, self.config.sx, self.config.sy))
+
+    def _pays(self, model: torch.nn.Module, args: tuple, kwargs: dict, call: Call, batch: int,
+              device: torch.device) -> bool:
+        """The speed check of this call shape (``call_pays``); a new verdict goes to the listeners (the node)."""
+        before = dict(self.verdicts)
+        run = None if _unrepeatable(model) else self._repeat(model, args, kwargs, call)
+        pays = self.call_pays(("WanVideoWrapper", type(model).__name__, call.layout, batch),
+                              call_label(call.layout.grid, batch), getattr(model, "base_dtype", torch.float32),
+                              device, run)
+        if self.verdicts != before:
+            for listener in self.listeners:
+                listener(self.describe_verdicts())
+        return pays
 
     def _repeat(self, model: torch.nn.Module, args: tuple, kwargs: dict, call: Call) -> Callable[[bool], None]:
         """The speed check's repeat of this model call, whole or reduced (its output dropped)."""
