@@ -111,7 +111,8 @@ def describe_lines(config: ToMeConfig, reduced: int, count: int, kv_window: list
         return [head, "speed check off: every call is reduced"]
     return [head, f"speed check {config.speed_check}: each call shape is timed once per device (the model call "
                   "whole against reduced) and left whole where reducing it measured slower"
-                  + (" (auto: on a GPU)" if config.speed_check == "auto" else "") + "; the verdicts go to the log"]
+                  + (" (auto: on a GPU)" if config.speed_check == "auto" else "") + "; the verdicts are shown on "
+                  "this node and in the log"]
 
 
 def describe_patch(patcher: Any) -> str:
