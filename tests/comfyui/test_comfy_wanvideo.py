@@ -174,6 +174,8 @@ def test_vace_hints_land_on_every_token(comfy):
     expected = ws.sample(patcher, LATENT, TEXT, steps=1, cfg=False, vace_data=control)
     merged = ws.sample(tome(patcher), LATENT, TEXT, steps=1, cfg=False, vace_data=control)
     assert torch.allclose(merged, expected, atol=1e-6, rtol=0)
+    assert torch.allclose(ws.sample(tome(patcher, mode="kv"), LATENT, TEXT, steps=1, cfg=False, vace_data=control),
+                          expected, atol=1e-6, rtol=0)  # kv leaves the stream's length alone: the hints as they were
     assert not torch.equal(expected, ws.sample(patcher, LATENT, TEXT, steps=1, cfg=False))  # the hints did act
 
 
