@@ -232,8 +232,9 @@ def test_error_equals_the_native_wan_adapters_for_the_same_weights(comfy):
     context = torch.cat([TEXT, torch.zeros(512 - TEXT.shape[0], TEXT.shape[1])]).unsqueeze(0)  # the wrapper pads
     plain_native, plain_wrapper = _native_and_wrapper(comfy, native_patcher, wrapper_patcher, context)
     assert rel(plain_wrapper, plain_native) < 1e-4  # the stand-in is Wan's arithmetic
+    plain = {"merge_attention": "plain"} if "merge_attention" in ToMeConfig.__dataclass_fields__ else {}
     for mode in ("merge", "kv"):
-        config = ToMeConfig(ratio=0.5, mode=mode, use_rand=False)
+        config = ToMeConfig(ratio=0.5, mode=mode, use_rand=False, **plain)  # the merge the wrapper's path runs
         on_native, on_wrapper = _native_and_wrapper(comfy, patch_dit_model_patcher(native_patcher, config),
                                                     patch_wanvideo(wrapper_patcher, config), context)
         native_error, wrapper_error = rel(on_native, plain_native), rel(on_wrapper, plain_wrapper)
@@ -421,7 +422,8 @@ def test_the_node_is_registered_only_beside_the_wrapper(tome_package, tmp_path):
     from importlib import import_module
 
     nodes = import_module(f"{tome_package.__name__}.nodes.tome_wanvideo")
-    assert "TomeCoreToMeWanVideo" not in tome_package.NODE_CLASS_MAPPINGS  # no wrapper in the test environment
+    # CI has no wrapper beside the checkout; a checkout next to one registers the node
+    assert ("TomeCoreToMeWanVideo" in tome_package.NODE_CLASS_MAPPINGS) == nodes.wrapper_installed()
     assert not nodes.wrapper_installed([tmp_path])
     wrapper = tmp_path / "ComfyUI-WanVideoWrapper"
     (wrapper / "wanvideo" / "modules").mkdir(parents=True)
@@ -434,3 +436,12 @@ def test_the_node_is_registered_only_beside_the_wrapper(tome_package, tmp_path):
     assert spec["required"]["model"][0] == "WANVIDEOMODEL" and nodes.ToMeWanVideo.RETURN_TYPES == ("WANVIDEOMODEL",)
     assert nodes.ToMeWanVideo.CATEGORY == "model_patches/unet"
     assert all(options.get("tooltip") for _, options in nodes.ToMeWanVideo.spec().values())
+
+
+def test_merge_variants_of_other_hosts_are_refused(comfy):
+    """Only plain merge runs on the wrapper: a config asking for another variant (where this tome_core has them) is
+    refused naming the settings, not run as plain."""
+    if "merge_attention" not in ToMeConfig.__dataclass_fields__:
+        pytest.skip("this tome_core has no merge variants")
+    with pytest.raises(ValueError, match="mode merge runs its plain form here.*leave those settings at their defaults"):
+        tome(make(comfy), merge_attention="proportional")

@@ -20,6 +20,8 @@ from .hooks import OPTIONS_KEY, install, patch_in
 from .state import WanVideoPatch, attention_refusals
 
 FAMILY = BY_NAME["wan"]
+# The merge variants other hosts may take (ToMeConfig fields where this tome_core has them) and the one run here.
+MERGE_VARIANTS = {"merge_attention": "plain", "merge_assign": "hard", "merge_destinations": "random"}
 
 
 def _transformer(patcher: Any) -> Any:
@@ -44,6 +46,10 @@ def check_wanvideo(patcher: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...
                         f"{cls.__qualname__}; for ComfyUI's own MODEL use the ToMe (token merging) node.")
     if config.kv_downsample != "nearest":
         raise ValueError("ToMe (WanVideoWrapper): kv_downsample 'avg' would average RoPE-rotated keys; use 'nearest'.")
+    variants = {name: getattr(config, name, plain) for name, plain in MERGE_VARIANTS.items()}
+    if any(value not in (None, MERGE_VARIANTS[name]) for name, value in variants.items()):
+        raise ValueError(f"ToMe (WanVideoWrapper): mode merge runs its plain form here (merge_attention 'plain', hard "
+                         f"assignment, seeded destinations), got {variants}; leave those settings at their defaults.")
     options = getattr(patcher, "model_options", {}).get("transformer_options") or {}
     refused = feature_refusals(model, {}, options, config.mode) or attention_refusals(model, options, config.mode)
     compile_args = _pipeline(patcher, "compile_args")
