@@ -7,9 +7,11 @@ therefore timed once per device and shape before it is reduced, and left whole w
 the step. Where the host can repeat the model call in progress (diffusers and WebUI hooks, ComfyUI's model
 wrapper), the real call is timed, whole against that level reduced, interleaved, median of a few rounds:
 what the user gets. Elsewhere (hosts without a per-call hook) the level's self-attention stands in, at its
-real shape with this config's own merge or key/value reduction, and the verdict says so. Verdicts are
-cached for the process, keyed by everything they depend on, so a second sampling run on the same shape
-does not time again.
+real shape with this config's own merge or key/value reduction, and the verdict says so. Each side is timed as
+the benchmark times a step (``timing``): on a GPU, CUDA events around back-to-back calls after a warm-up, so
+the verdict is the steady step's speed-up, not one synchronised call's (which adds the host's launch time to
+every call). Verdicts are cached for the process, keyed by everything they depend on, so a second sampling run
+on the same shape does not time again.
 
 Pure engine code: it knows no host. Hosts see verdicts through ``TokenMerger.verdicts``.
 """
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
@@ -26,12 +27,19 @@ import torch.nn.functional as F
 
 from .config import SPEED_CHECKS, ToMeConfig
 from .levels import Level
+from .timing import Clock, calls_for, clock_for, span
 
-__all__ = ["SPEED_CHECKS", "Verdict", "call_verdict", "verdict", "forget_verdicts", "measure_speedup"]
+__all__ = ["SPEED_CHECKS", "Verdict", "call_verdict", "verdict", "cached_verdicts", "forget_verdicts",
+           "measure_speedup"]
 TIMED_BY_AUTO = ("cuda", "xpu", "mps")  # "auto" times on these; the CPU is where merging always paid
 PAYS_ABOVE = 1.02  # reduce iff the measured speed-up exceeds this: within 2 % of doing nothing, error for no gain
 ROUNDS = 5
-CALL_ROUNDS = 3  # interleaved rounds of real model calls (each a whole call and a reduced one)
+CALL_ROUNDS = 3  # interleaved rounds of real model calls (each a span of whole calls and one of reduced calls)
+# On a GPU each timed span is back-to-back calls lasting at least this long (one call where a call is longer):
+# short calls are launch-bound and need several to show the steady state; a long call is its own steady state,
+# and the check's cost stays that of 2 + 2 * CALL_ROUNDS calls.
+SPAN_S = 0.05
+MAX_SPAN_CALLS = 16
 
 
 @dataclass(frozen=True)
@@ -80,21 +88,6 @@ def should_time(config: ToMeConfig, device: torch.device) -> bool:
                                           torch.device(device).type in TIMED_BY_AUTO)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type in ("xpu", "mps"):
-        getattr(torch, device.type).synchronize()
-
-
-def _seconds(fn: Callable[[], object], device: torch.device) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - start
-
-
 class _Attention:
     """A self-attention at the level's width and heads: the part of a block a reduction changes."""
 
@@ -115,15 +108,17 @@ class _Attention:
 
 
 def measure_speedup(config: ToMeConfig, shape: LevelShape, device: torch.device, dtype: torch.dtype,
-                    run: Optional[Callable[[bool], object]] = None) -> float:
+                    run: Optional[Callable[[bool], object]] = None, clock: Optional[Clock] = None) -> float:
     """t_whole / t_reduced on ``device``: of the real model call where the host can repeat it (``run``: whole and
     with the level reduced, interleaved, after one warm-up each, median of ``CALL_ROUNDS``: what the user gets,
     hooks, launches and the rest of the model included), else of the level's self-attention over its blocks
     (per block the merge or key/value reduction, the attention on the fewer tokens and the unmerge, plus the
-    matching: once per level with matching "level", else once per block).
+    matching: once per level with matching "level", else once per block). Each side is a span of back-to-back
+    calls on a GPU (``timing``); ``clock`` replaces the device's clock (tests).
     """
+    clock = clock or clock_for(device)
     if run is not None:
-        return _time_calls(run, device)
+        return _time_calls(run, clock)
     from .plan import TokenMerger  # the plan builds the same tables and functions a real step uses
 
     h, w = shape.grid
@@ -145,26 +140,39 @@ def measure_speedup(config: ToMeConfig, shape: LevelShape, device: torch.device,
             return ready.unmerge(attention(ready.merge(x)))
         return attention(x, ready.reduce_kv(x))
 
+    def whole():
+        return attention(x)
+
     whole_s, reduced_s, match_s = [], [], []
     with torch.no_grad():
-        for fn in (lambda: attention(x), reduced, plan):  # warm-up: kernels chosen, caches filled
+        for fn in (whole, reduced, plan):  # warm-up: kernels chosen, caches filled
             fn()
+        calls = _span_calls(whole, clock)
         for _ in range(ROUNDS):
-            whole_s.append(_seconds(lambda: attention(x), device))
-            reduced_s.append(_seconds(reduced, device))
-            match_s.append(_seconds(plan, device) if merge else 0.0)
-    whole = shape.blocks * statistics.median(whole_s)
+            whole_s.append(span(whole, clock, calls)[0])
+            reduced_s.append(span(reduced, clock, calls)[0])
+            match_s.append(span(plan, clock, calls)[0] if merge else 0.0)
+    whole_total = shape.blocks * statistics.median(whole_s)
     cost = shape.blocks * statistics.median(reduced_s) + matches * statistics.median(match_s)
-    return whole / cost
+    return whole_total / cost
 
 
-def _time_calls(run: Callable[[bool], object], device: torch.device) -> float:
+def _span_calls(fn: Callable[[], object], clock: Clock) -> int:
+    """Calls per timed span: one where calls do not queue (the CPU), else enough to last ``SPAN_S``."""
+    if not clock.back_to_back:
+        return 1
+    return calls_for(span(fn, clock, 1)[0], SPAN_S, 1, MAX_SPAN_CALLS)
+
+
+def _time_calls(run: Callable[[bool], object], clock: Clock) -> float:
+    """Median whole span over median reduced span, the spans interleaved, after one warm-up call of each."""
     whole_s, reduced_s = [], []
     with torch.no_grad():
-        run(False), run(True)  # warm-up: kernels chosen, caches filled
+        run(False), run(True)  # warm-up: kernels chosen, caches filled, the patch's one-time work done
+        calls = _span_calls(lambda: run(False), clock)
         for _ in range(CALL_ROUNDS):
-            whole_s.append(_seconds(lambda: run(False), device))
-            reduced_s.append(_seconds(lambda: run(True), device))
+            whole_s.append(span(lambda: run(False), clock, calls)[0])
+            reduced_s.append(span(lambda: run(True), clock, calls)[0])
     return statistics.median(whole_s) / statistics.median(reduced_s)
 
 
@@ -215,6 +223,11 @@ def call_verdict(config: ToMeConfig, what: Tuple, dtype: torch.dtype, device: to
         found = _VERDICTS[key] = Verdict(reduce=speedup > PAYS_ABOVE, speedup=round(float(speedup), 3),
                                          device=label)
     return found
+
+
+def cached_verdicts() -> Tuple[Verdict, ...]:
+    """Every verdict measured in this process so far, oldest first (what a host or a lab script can show)."""
+    return tuple(_VERDICTS.values())
 
 
 def forget_verdicts() -> None:
