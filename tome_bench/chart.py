@@ -20,11 +20,13 @@ _EXTRA = ("tab:red", "tab:pink", "tab:olive", "tab:gray")
 
 
 def rows_of(result: dict) -> list[dict]:
-    """The rows of a results JSON: its own ``rows``, or those of every part it holds (``{"parts": {...}}``)."""
+    """The bench rows of a results JSON: its own ``rows``, or those of every part it holds (``{"parts": {...}}``);
+    an experiment's rows in a part (no ``label``: not a bench row) are left out."""
     if "rows" in result:
-        return list(result["rows"])
+        return [row for row in result["rows"] if "label" in row]
     parts = result.get("parts", result)
-    return [row for part in parts.values() if isinstance(part, dict) for row in part.get("rows", ())]
+    return [row for part in parts.values() if isinstance(part, dict) for row in part.get("rows", ())
+            if isinstance(row, dict) and "label" in row]
 
 
 def _case(row: dict) -> tuple:

@@ -5,9 +5,12 @@ Default (about 2-3 minutes on 2 idle CPU cores): full SD1.5 UNet at 512x512, rat
 then at least 2 timed rounds, interleaved; more rounds (up to 5, within a 170 s budget) while
 the paired per-round ratios cannot tell the methods apart. --full: 512 and 768, 3 to 6 rounds
 (about 15 minutes on 2 cores). --tiny: the CI setting (tiny models of the UNet families, 64x64,
-1 round, seconds). --compile adds torch.compile'd rows. --gpu-suite: the GPU benchmark in one go
-(SD1.5 at 512/1024/2048 and SDXL at 1024/2048 eager and profiled, SD1.5 1024 compiled, fp16).
---ops counts ATen ops and bytes gathered/scattered per forward. Writes results.json (every
+1 round, seconds). --compile adds torch.compile'd rows (--compile-mode reduce-overhead: with CUDA graphs).
+--gpu-suite: the GPU benchmark (SD1.5 at 512/1024/2048 and SDXL at 1024/2048 eager and profiled; SD1.5 and SDXL
+1024 compiled, with and without CUDA graphs; fp16). On CUDA every timing is of steady forwards: the first call
+after a variant is applied is timed apart ('1st ms'), then CUDA events around back-to-back calls.
+--ops counts ATen ops and bytes gathered/scattered per forward. --profile: every row carries a
+profiled trace's summary (kernels, GPU busy against wall time, syncs, SDPA kernels, top kernels). Writes results.json (every
 column defined under "metrics"), results.md and speedup_vs_error.png (needs matplotlib) into
 --out; the printed table ends with a legend of its columns.
 
@@ -53,17 +56,20 @@ PRESETS = {
     "quick": dict(families="sd15", res="512", repeats=1, max_repeats=1),
     "full": dict(families="sd15", res="512,768", repeats=3, max_repeats=6),
 }
-# The GPU benchmark (--gpu-suite), fp16, default SDPA: (family, sizes, methods, compiled, profiled); the
-# eager parts cover the issue's table and profile every case with CUDA activity; only SD1.5 1024² is
-# compiled (compilation dominates the suite's time: --families/--res run one part).
-GPU_METHODS = "vanilla,merge,merge-level,merge-auto,kv,kv@0.75,tomesd"
-GPU_SUITE = (("sd15", "512,1024,2048", GPU_METHODS, False, True),
-             ("sdxl", "1024,2048", GPU_METHODS, False, True),
-             ("sd15", "1024", "vanilla,merge,merge-level,kv@0.75", True, False),
-             # batch 8: a compute-bound step, the regime of smaller GPUs (a fast GPU at batch 2 is launch-bound)
-             ("sd15", "512,1024", "vanilla,merge-level,merge-auto,kv@0.75,tomesd", False, False, 8),
-             # launch-bound SD1.5 512²: what keeping the matching for 3 calls saves (match_every)
-             ("sd15", "512", "vanilla,merge-level,merge-reuse", False, False))
+# The GPU benchmark (--gpu-suite [unet|compile|all]), fp16, default SDPA: (group, family, sizes, methods, compile
+# modes or None, profiled). "unet": eager, every case profiled (trace summaries) with CUDA activity, steady-state
+# timing; SD1.5 512² adds the matching's reuse (match_every). "compile": inductor and inductor + CUDA graphs
+# (reduce-overhead) at 1024², vanilla first, each compiled row written as it is done. tools/gpu_suite.sh runs these
+# with the transformers, the speed check's accuracy and the fixed cost, each under its own time limit.
+HOST_DEFAULT = "merge-auto"  # what ComfyUI and the WebUI run: level matching, speed check auto
+GPU_METHODS = f"vanilla,{HOST_DEFAULT},merge-level,kv@0.75,tomesd"
+COMPILE_MODES_GPU = ("default", "reduce-overhead")
+GPU_SUITE = (("unet", "sd15", "512", GPU_METHODS + ",merge-reuse", None, True),
+             ("unet", "sd15", "1024,2048", GPU_METHODS, None, True),
+             ("unet", "sdxl", "1024,2048", GPU_METHODS, None, True),
+             ("compile", "sd15", "1024", "vanilla,merge-level,kv@0.75", COMPILE_MODES_GPU, False),
+             ("compile", "sdxl", "1024", "vanilla,merge-level,kv@0.75", COMPILE_MODES_GPU, False))
+GPU_SUITE_GROUPS = ("all", "unet", "compile")
 GPU_SUITE_ROUNDS = dict(repeats=3, max_repeats=6)
 
 
@@ -111,11 +117,12 @@ def _add_presets(p: argparse.ArgumentParser) -> None:
                         help="shortest real run: full sd15 at 512 px, 1 round (no noise check)")
     preset.add_argument("--full", action="store_true",
                         help="bigger run: sd15 at 512 and 768 px, 3 to 6 rounds, no time budget")
-    preset.add_argument("--gpu-suite", action="store_true",
-                        help="the GPU benchmark: sd15 at 512/1024/2048 and "
-                             "sdxl at 1024/2048, fp16, default SDPA, eager, every case profiled with CUDA "
-                             "activity; then sd15 1024 compiled; 3 to 6 rounds; --device cuda unless "
-                             "given; --families/--res/--methods pick a part (e.g. --families sdxl)")
+    preset.add_argument("--gpu-suite", nargs="?", const="all", choices=GPU_SUITE_GROUPS, default=None,
+                        help="the GPU benchmark: 'unet': sd15 at 512/1024/2048 and sdxl at 1024/2048, fp16, default "
+                             "SDPA, eager, every case profiled with CUDA activity; 'compile': sd15 and sdxl at 1024 "
+                             "compiled, inductor and inductor + CUDA graphs; 'all' (the default) both; 3 to 6 "
+                             "rounds; --device cuda unless given; --families/--res/--methods pick a part (e.g. "
+                             "--families sdxl); tools/gpu_suite.sh adds the transformers and the experiments")
 
 
 def _add_what_to_run(p: argparse.ArgumentParser) -> None:
@@ -168,6 +175,10 @@ def _add_how_to_measure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="also run every variant compiled: torch.compile(model) (inductor; UNets and DiTs) after "
                         "patching; compile time, compiled speed-ups vs compiled and eager vanilla")
+    p.add_argument("--compile-mode", type=_csv(str), default=None,
+                   help="with --compile (implied): comma list of torch.compile modes, 'default' (inductor) and "
+                        "'reduce-overhead' (inductor + CUDA graphs: each compiled region replayed as one captured "
+                        "graph; the CPU has no CUDA graphs) (default: default)")
     p.add_argument("--peaked", type=float, default=3.0,
                    help="also measure errors with self-attention q/k scaled by this factor "
                         "(peaked attention as in trained models; DiTs: their q/k RMSNorm weights, "
@@ -202,8 +213,11 @@ def _add_where_and_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: torch's own choice)")
     p.add_argument("--profile", action="store_true",
-                   help="also profile one forward per variant for the first family, size and "
-                        "ratio, and print where the time goes")
+                   help="also profile steady forwards of every variant in every case (torch.profiler; on a GPU with "
+                        "CUDA activity): each row carries per forward its kernels, GPU busy against wall time, the "
+                        "synchronising and allocating CUDA runtime calls, the SDPA kernels and the top kernels, "
+                        "vanilla's beside (traces kept gzipped in OUT/traces); UNets: also where the time goes by "
+                        "module for the first family, size and ratio")
     p.add_argument("--ops", action="store_true",
                    help="also count, for one forward per variant, the ATen ops dispatched and the MiB "
                         "gathered/scattered (the GPU cost's proxy on any device; columns +ops, moved MiB)")
@@ -227,10 +241,10 @@ def _preset(args: argparse.Namespace) -> dict:
 
 
 def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None = None,
-                     resolutions=None, methods=None, compile_part: bool | None = None,
-                     batch: int | None = None) -> BenchConfig:
-    """The BenchConfig of the command line (``families``/``resolutions``/``methods``/``compile_part``/``batch``:
-    a --gpu-suite part; the command line's --methods, --compile and --batch win)."""
+                     resolutions=None, methods=None, compile_part: bool | tuple[str, ...] | None = None,
+                     batch: int | None = None, profiled: bool = False) -> BenchConfig:
+    """The BenchConfig of the command line (``families``/``resolutions``/``methods``/``compile_part``/``batch``/
+    ``profiled``: a --gpu-suite part; the command line's --methods, --compile, --batch and --profile win)."""
     preset = _preset(args)
     families = args.families or families or _csv(str)(preset["families"])
     families = tuple(FAMILY_ALIASES.get(f, f) for f in families)
@@ -245,8 +259,6 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
     if args.frames is not None and not set(VIDEO_FAMILIES) & set(families):
         raise UsageError(f"--frames is for the video families {', '.join(VIDEO_FAMILIES)}, "
                          f"not {','.join(families)} (images)")
-    if args.profile and dit:
-        raise UsageError("--profile is for UNet families only; DiT rows show the attention share instead")
     repeats = preset["repeats"] if args.repeats is None else args.repeats
     max_repeats = preset["max_repeats"] if args.max_repeats is None else args.max_repeats
     max_repeats = max(repeats, max_repeats)
@@ -261,33 +273,43 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
             families=families, resolutions=resolutions, ratios=args.ratios,
             methods=args.methods or methods, batch=batch if args.batch is None else args.batch, dtype=dtype,
             repeats=repeats, max_repeats=max_repeats, budget_s=budget,
-            compile=args.compile or (bool(compile_part) if compile_part is not None else False),
+            compile=args.compile or bool(args.compile_mode) or bool(compile_part),
+            compile_modes=tuple(args.compile_mode or (compile_part if isinstance(compile_part, tuple) else ())
+                                or ("default",)),
             peaked=args.peaked, guidance=args.guidance, scale="tiny" if args.tiny else "full",
             seed=args.seed, max_downsample=args.max_downsample, use_rand=args.use_rand,
             device=device, attention=args.attention,
             blocks=(1 if args.tiny else 2) if args.blocks is None else args.blocks,
             frames=33 if args.frames is None else args.frames, ops=args.ops,
-            content=args.content, photo=args.photo)
+            content=args.content, photo=args.photo, trace=args.profile or profiled,
+            trace_dir=str(args.out / "traces") if args.profile or profiled else None)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def _suite_parts(args: argparse.Namespace) -> list[tuple]:
+    """The --gpu-suite parts the command line picks (its group, then --families)."""
+    return [part for part in GPU_SUITE if args.gpu_suite in ("all", part[0])
+            and (not args.families or part[1] in args.families)]
 
 
 def _configs(args: argparse.Namespace) -> list[BenchConfig]:
     if not args.gpu_suite:
         return [config_from_args(args)]
-    parts = [part for part in GPU_SUITE if not args.families or part[0] in args.families]
+    parts = _suite_parts(args)
     if not parts:
-        raise UsageError(f"--gpu-suite covers {', '.join(sorted({p[0] for p in GPU_SUITE}))}; "
+        raise UsageError(f"--gpu-suite {args.gpu_suite} covers "
+                         f"{', '.join(sorted({p[1] for p in GPU_SUITE if args.gpu_suite in ('all', p[0])}))}; "
                          f"got --families {','.join(args.families)}")
-    return [config_from_args(args, (family,), _csv(_size)(res), _csv(str)(methods), compiled, *batch)
-            for family, res, methods, compiled, _, *batch in parts]
+    return [config_from_args(args, (family,), _csv(_size)(res), _csv(str)(methods), modes, None, profiled)
+            for _, family, res, methods, modes, profiled in parts]
 
 
 def _profiled(args: argparse.Namespace) -> list[bool]:
     """Per config of ``_configs``: whether every case of it is profiled (--gpu-suite's eager parts)."""
     if not args.gpu_suite:
         return [False]
-    return [part[4] for part in GPU_SUITE if not args.families or part[0] in args.families]
+    return [part[5] for part in _suite_parts(args)]
 
 
 def busy_line(rows: list[dict]) -> str | None:
@@ -390,6 +412,15 @@ def _print_results(args: argparse.Namespace, configs: list[BenchConfig], rows: l
             print(f"WARNING: {r['family']} {r['width']}x{r['height']}: vanilla output changed "
                   f"after patches were applied and removed (rel. L2 {r['vanilla_drift']:.2e})",
                   file=sys.stderr)
+    traced = [r for r in rows if r.get("trace")]
+    if traced:
+        from .trace_summary import text as trace_text
+
+        print("\nper profiled forward (torch.profiler; steady forwards, vanilla's beside each case):")
+        for r in traced:
+            added = r.get("trace_vs_vanilla") or {}
+            more = f" ({added['kernels']:+g} kernels vs vanilla)" if added.get("gpu_busy_ms") is not None else ""
+            print(f"  {r['family']} {r['width']}x{r['height']} {r['label']}: {trace_text(r['trace'])}{more}")
     if extra:
         from .profiling import format_profile
 

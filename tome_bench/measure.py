@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from tome_core.engine import timing
 
 Forward = Callable[[], torch.Tensor]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -42,34 +45,50 @@ GPU_ROUND_S = 0.25  # CUDA: back-to-back forwards per timing, so one timing span
 GPU_MAX_FORWARDS = 64
 
 
-def timed(fn: Forward, device: torch.device) -> tuple[float, torch.Tensor]:
-    """Seconds of one ``fn()`` and its result.
+def once(fn: Forward, device: torch.device) -> tuple[float, torch.Tensor]:
+    """Seconds of one ``fn()`` alone and its result (CUDA: events; e.g. a compiling first call)."""
+    return timing.span(fn, timing.clock_for(device), 1)
 
-    CPU: wall clock. CUDA: CUDA events recorded on the current stream around back-to-back calls (as a sampler
-    queues them: the host runs ahead, launches overlap the GPU's work) and one synchronisation at the end,
-    none inside: the GPU time per call. A single 28 ms forward timed alone varied by ±10 % and more between
-    rounds on an idle H100 (bands of ±0.11 and wider at SD1.5 512²); enough calls to span ``GPU_ROUND_S``
-    average that out.
+
+def steady(fn: Forward, device: torch.device, clock: timing.Clock | None = None) -> timing.Timing:
+    """``fn``'s steady time per call, its first call timed apart (``tome_core.engine.timing.steady``).
+
+    CUDA: the first call alone (``first_s``: right after a variant is applied it includes the patch's one-time
+    work: the seeded tables, a speed check), then CUDA events recorded on the current stream around back-to-back
+    calls (as a sampler queues them: the host runs ahead, launches overlap the GPU's work), at least 2 and
+    spanning ``GPU_ROUND_S``, with one synchronisation at the end: the GPU time per call of a user's 20th step.
+    A single 28 ms forward timed alone varied by ±10 % and more between rounds on an idle H100. CPU: one call,
+    wall clock (``first_s`` None). ``clock``: a stand-in (tests).
     """
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = fn()
-        end.record()
-        end.synchronize()
-        once = start.elapsed_time(end) / 1000
-        count = max(1, min(GPU_MAX_FORWARDS, int(GPU_ROUND_S / max(once, 1e-6))))
-        if count == 1:
-            return once, out
-        start.record()
-        for _ in range(count):
-            out = fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1000 / count, out
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
+    return timing.steady(fn, clock or timing.clock_for(device), GPU_ROUND_S, GPU_MAX_FORWARDS)
+
+
+def alternate(forward: Callable[[], object], apply: Callable[[], None], remove: Callable[[], None],
+              alternations: int, clock: timing.Clock) -> dict:
+    """Vanilla and a patch in turn, V, P, V, P, ..., V, each a steady timing (:func:`steady`): each patched span
+    is paired with the mean of the vanilla spans before and after it, so a host or clock drifting during the run
+    cannot decide the sign. Returns the per-alternation ms and ratios, their median, min and max, and the first
+    call after each ``apply`` (the patch's one-time work; None where calls do not queue)."""
+    vanilla, patched, firsts = [steady(forward, None, clock).seconds], [], []
+    for _ in range(alternations):
+        apply()
+        try:
+            t = steady(forward, None, clock)
+        finally:
+            remove()
+        patched.append(t.seconds)
+        firsts.append(t.first_s)
+        vanilla.append(steady(forward, None, clock).seconds)
+    ratios = [(before + after) / 2 / p for before, after, p in zip(vanilla, vanilla[1:], patched)]
+    return {"vanilla_ms": [1000 * v for v in vanilla], "patched_ms": [1000 * p for p in patched],
+            "first_call_ms": [None if f is None else 1000 * f for f in firsts],
+            "ratios": ratios, "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+
+
+def timed(fn: Forward, device: torch.device) -> tuple[float, torch.Tensor]:
+    """Steady seconds of one ``fn()`` and its result (see :func:`steady`)."""
+    t = steady(fn, device)
+    return t.seconds, t.out
 
 
 _TASKS = "/proc/self/task"
@@ -95,15 +114,27 @@ def cpu_wait() -> float | None:
     return total / 1e9 if seen else None
 
 
-def timed_wait(fn: Forward, device: torch.device) -> tuple[float, torch.Tensor, float | None]:
-    """:func:`timed` plus the share of that time the threads waited for a CPU
+@dataclass(frozen=True)
+class Timed:
+    """One timed round of a variant: steady seconds per forward, the output, the CPU-wait share (CPU only) and
+    the first forward after the variant was applied (CUDA only)."""
+
+    seconds: float
+    out: torch.Tensor
+    wait: float | None
+    first_s: float | None
+
+
+def timed_wait(fn: Forward, device: torch.device, clock: timing.Clock | None = None) -> Timed:
+    """:func:`steady` plus the share of that time the threads waited for a CPU
     (0..1; None on CUDA, where the GPU time does not wait on host threads, or unmeasurable)."""
     before = cpu_wait() if device.type == "cpu" else None
-    seconds, out = timed(fn, device)
+    t = steady(fn, device, clock)
     after = cpu_wait() if before is not None else None
-    if after is None or seconds <= 0:
-        return seconds, out, None
-    return seconds, out, min(max((after - before) / seconds, 0.0), 1.0)
+    wait = None
+    if after is not None and t.seconds > 0:
+        wait = min(max((after - before) / t.seconds, 0.0), 1.0)
+    return Timed(t.seconds, t.out, wait, t.first_s)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,10 @@
-"""Where the time of one UNet forward goes, per variant (``--profile``).
+"""Where the time of one forward goes, per variant (``--profile``).
 
-Time is grouped by module scope, marked with ``torch.profiler.record_function`` from forward
+``trace_forwards`` (every kind of model, every case): a few back-to-back forwards under ``torch.profiler`` (CPU and,
+on a GPU, CUDA activity), exported as Kineto's Chrome trace and summarised by ``trace_summary``: kernels, GPU busy
+against wall time, synchronising and allocating runtime calls, the SDPA kernels, the top kernels.
+
+The rest of this module (UNets): time grouped by module scope, marked with ``torch.profiler.record_function`` from forward
 hooks: self-attention (``attn1``), cross-attention (``attn2``) and MLP (``ff``) cover only
 those modules' own ``forward``; "block other" is the rest of each transformer block — norms,
 residual adds and any token merging/unmerging or key/value pooling a patch does in its hooks or
@@ -9,11 +13,43 @@ up/downsampling, projections in and out of the transformer).
 """
 from __future__ import annotations
 
+import gzip
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from . import measure
+from . import measure, trace_summary
 from .methods import Variant, patched
+
+PROFILED_FORWARDS = 2  # forwards per trace: a steady one's figures, averaged over two
+
+
+def trace_forwards(fn: Callable[[], object], device: torch.device, forwards: int = PROFILED_FORWARDS,
+                   keep: Path | None = None) -> dict:
+    """``forwards`` back-to-back calls of ``fn`` profiled (each in a ``trace_summary.FORWARD`` range, one
+    synchronisation at the end) and summarised per forward (``trace_summary.summarize``). Run it after a warm-up
+    call: the first call after patching is not a steady forward. ``keep``: also save the trace there, gzipped."""
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(forwards):
+            with record_function(trace_summary.FORWARD):
+                fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        summary = trace_summary.summarize(trace_summary.load(path), forwards)
+        if keep is not None:
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "rb") as src, gzip.open(keep, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    return summary
 
 _PREFIX = "bench::"
 _CHILDREN = {"attn1": "self_attention", "attn2": "cross_attention", "ff": "mlp"}

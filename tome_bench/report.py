@@ -13,8 +13,13 @@ import torch
 
 # how each reported number is defined; written into the JSON next to the results
 METRICS = {
-    "time_s": "median seconds of one model forward (UNet or DiT) over the timed rounds (CPU: wall clock; "
-              "CUDA: CUDA events, one synchronisation per forward)",
+    "time_s": "median over the timed rounds of the steady seconds of one model forward (UNet or DiT). CPU: "
+              "one forward per round, wall clock. CUDA: per round, after the first forward (first_call_s), CUDA "
+              "events around back-to-back forwards (at least 2, spanning 0.25 s), one synchronisation at the end: "
+              "the GPU time per forward of a sampler's later steps",
+    "first_call_s": "CUDA: median over rounds of the first forward right after the variant was applied, timed "
+                    "alone (CUDA events): what a user pays once per size (the patch's tables, a speed check); "
+                    "never part of time_s",
     "rounds": "timed rounds; each round runs every eager variant once, interleaved in a rotated "
               "order; more rounds run (up to the cap) while the noise bands overlap",
     "speedup": "eager: median t_vanilla / median t_method over the timed rounds (so it agrees with "
@@ -46,6 +51,12 @@ METRICS = {
     "recompiles": "compiled rows: graphs compiled during the timed calls, after the first "
                   "call and one warm-up call (0 = no recompilation)",
     "compile_error": "compiled rows: why torch.compile failed for this variant",
+    "compile_mode": "compiled rows: torch.compile's mode: 'default' (inductor) or 'reduce-overhead' (inductor + CUDA "
+                    "graphs, on CUDA); each mode's rows compare with compiled vanilla of the same mode",
+    "graphs": "compiled rows: graphs dynamo compiled for the first calls (1 + the graph breaks: ToMe's per-call "
+              "host work is one)",
+    "cudagraph_skips": "reduce-overhead rows on CUDA: compiled regions inductor did not run as CUDA graphs (0 = every "
+                       "region captured); cudagraph_skip_reasons: inductor's reasons",
     "attention": "SDPA kernel the variant's attention dispatched to (from torch.profiler op "
                  "names): flash, flash-cpu, mem-efficient, cudnn, math; 'no SDPA' = explicit "
                  "bmm + softmax; compiled rows: inductor (its own kernels)",
@@ -95,6 +106,15 @@ METRICS = {
     "tome_calls": "--ops: Python calls into tome_core in that forward (sys.setprofile): hooks and what they "
                   "call, each paid as launch time on a fast GPU",
     "ops_added_by_name": "--ops: per ATen op name, how many more times it ran than in vanilla",
+    "trace": "--profile: per forward, from a torch.profiler trace of steady forwards (the variant applied, one "
+             "call, then 2 profiled back to back; Kineto's Chrome trace summarised by tome_bench/trace_summary.py): "
+             "kernels (device kernels launched), gpu_busy_ms (the union of kernel, copy and set intervals), wall_ms "
+             "(first forward's start to the later of the last forward's end and the last device event), busy_share "
+             "(gpu_busy / wall: low = launch-bound), calls (cudaStreamSynchronize, cudaDeviceSynchronize, "
+             "cudaEventSynchronize, cudaMalloc, cudaFree, cudaHostAlloc, ... and the cudaMemcpy* calls by direction, "
+             "e.g. 'cudaMemcpy DtoH'), sdpa (per SDPA backend: calls and the device kernels they ran), top_kernels "
+             "(the 5 kernels with the most time: ms and launches); on the CPU only the CPU-side figures",
+    "trace_vs_vanilla": "--profile: the method's trace figures minus vanilla's (kernels, gpu_busy_ms, wall_ms, calls)",
     "vanilla_drift": "vanilla row only: rel. L2 between vanilla outputs before and after every "
                      "other variant was applied and removed (0 = removal restores the model)",
 }
@@ -180,7 +200,8 @@ COLUMNS = [  # header, row key, format, legend
      "19+38, SD3.5 medium 24, Wan 1.3B 30)"),
     ("tokens", "tokens", "s", "DiT: image (video) + text tokens of one sample"),
     ("method", "label", "s", "variant; r = merge ratio"),
-    ("run", "run", "s", "eager, or compiled with torch.compile (inductor) after patching"),
+    ("run", "run", "s", "eager, or compiled with torch.compile after patching: 'compiled' (inductor), "
+     "'cudagraphs' (mode reduce-overhead: inductor + CUDA graphs)"),
     ("ms", "time_ms", ".0f", "median time of one model forward, ms"),
     ("x vanilla", "speedup", ".2f",
      "speed-up over vanilla: median vanilla ms / median ms (compiled rows: over compiled "
@@ -193,8 +214,11 @@ COLUMNS = [  # header, row key, format, legend
     ("rank", "rank", "s", "places, 1 = fastest; 'a-b (tied)': overlapping bands share places; "
      "'too noisy to rank': all bands overlap; 'too noisy: machine busy': 'lost %' >= 33"),
     ("x fastest", "speedup_best", ".2f", "fastest vanilla round / fastest round of the method"),
+    ("1st ms", "first_call_ms", ".0f", "CUDA: the first forward after applying the variant, alone (one-time work "
+     "included; never part of 'ms')"),
     ("x eager van", "speedup_vs_eager", ".2f", "compiled rows: speed-up over eager vanilla"),
     ("compile s", "compile_s", ".0f", "compiled rows: seconds of the first (compiling) call"),
+    ("recompiles", "recompiles", "d", "compiled rows: graphs compiled during the timed calls (0 = none)"),
     ("err", "rel_err", ".4f", "relative L2 error of the model output vs vanilla"),
     ("cfg err", "cfg_err", ".4f", "same for the CFG-combined prediction (guidance applied; "
      "Flux, guidance-distilled: the output)"),
@@ -210,6 +234,9 @@ COLUMNS = [  # header, row key, format, legend
     ("moved MiB", "moved_mib_added", ".1f", "--ops: MiB gathered/scattered by the patch in one forward"),
     ("syncs", "host_syncs", "d", "--ops: host syncs in one forward (each stalls a GPU's launch queue)"),
     ("py calls", "tome_calls", "d", "--ops: Python calls into tome_core in one forward (launch time on a GPU)"),
+    ("kernels", "trace_kernels", ".0f", "--profile: device kernels launched per forward"),
+    ("busy %", "trace_busy_pct", ".0f", "--profile: GPU busy time / wall time of a profiled forward (low: "
+     "launch-bound)"),
     ("attn %", "attn_pct", ".0f", "DiT: % of vanilla's forward time in attention (SDPA)"),
     ("ceiling", "speedup_ceiling", ".2f", "DiT: 1 / (1 - attention share): the most any kv ratio can give"),
     ("attention", "attention", "s",
@@ -222,8 +249,13 @@ def _cells(r: dict) -> dict:
                 tokens=f"{r['image_tokens']}+{r['text_tokens']}" if r.get("image_tokens") else None,
                 attn_pct=None if r.get("attn_share") is None else 100 * r["attn_share"],
                 lost_pct=None if r.get("interference") is None else 100 * r["interference"],
-                run="compiled" if r.get("compiled") else "eager",
+                run=("cudagraphs" if r.get("compile_mode") == "reduce-overhead" else "compiled") if r.get("compiled")
+                else "eager",
                 time_ms=None if r.get("time_s") is None else 1000 * r["time_s"],
+                first_call_ms=None if r.get("first_call_s") is None else 1000 * r["first_call_s"],
+                trace_kernels=(r.get("trace") or {}).get("kernels") or None,
+                trace_busy_pct=None if (r.get("trace") or {}).get("busy_share") is None
+                else 100 * r["trace"]["busy_share"],
                 noise=None if r.get("speedup_low") is None else
                 (r["speedup_high"] - r["speedup_low"]) / 2,
                 rank=r.get("rank") or ("-" if not r.get("compile_error") else "compile failed"))
@@ -251,6 +283,10 @@ def format_table(rows: list[dict], legend: bool = True) -> str:
         if r.get("compile_error"):
             lines.append(f"compile failed: {r['family']} {r['width']}x{r['height']} {r['label']}: "
                          f"{r['compile_error']}")
+        if r.get("cudagraph_skips"):
+            reasons = "; ".join(r.get("cudagraph_skip_reasons") or []) or "no reason logged"
+            lines.append(f"CUDA graphs skipped {r['cudagraph_skips']} region(s): {r['family']} {r['width']}x"
+                         f"{r['height']} {r['label']}: {reasons}")
     return "\n".join(lines)
 
 

@@ -12,11 +12,12 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
 
-from . import content, measure, op_count, stats
+from . import content, measure, op_count, stats, trace_summary
 from .dit_runner import DIT
 from .family import BenchFamily, Case
 from .measure import DTYPES
@@ -37,6 +38,9 @@ def kind_of(family: str) -> BenchFamily:
 # "math": PyTorch's reference SDPA kernel, which materialises the N x N score matrix as attention
 # does without flash/memory-efficient kernels (such hosts, the published ToMe memory figures)
 ATTENTION_BACKENDS = ("default", "math")
+# torch.compile modes the compiled rows take: inductor alone, and inductor with CUDA graphs (reduce-overhead: a
+# captured graph replays each compiled region's kernels with one launch; on the CPU it is inductor alone)
+COMPILE_MODES = ("default", "reduce-overhead")
 
 
 def attention_backend(name: str) -> contextlib.AbstractContextManager:
@@ -62,6 +66,8 @@ class BenchConfig:
     repeats: int = 3            # timed rounds at least
     max_repeats: int | None = None  # at most, while rounds disagree (None: = repeats)
     compile: bool = False       # also torch.compile every variant (compiled rows)
+    # torch.compile modes of the compiled rows: "default" (inductor), "reduce-overhead" (inductor + CUDA graphs)
+    compile_modes: tuple[str, ...] = ("default",)
     budget_s: float | None = None  # no extra rounds beyond this many seconds of the whole run
     peaked: float = 3.0
     guidance: float = 7.5
@@ -78,6 +84,8 @@ class BenchConfig:
     # timed on noise, errors also on the photo (the warm-up round runs each variant on it as well)
     content: str = "noise"
     photo: str = "astronaut"    # --content photo/both: which of content.PHOTOS
+    trace: bool = False         # --profile: every case's rows carry a profiled trace's summary (trace_summary)
+    trace_dir: str | None = None  # where the traces are kept, gzipped (None: summaries only)
     skipped: dict = field(default_factory=dict)  # method -> reason, filled by ``resolve``
 
     def __post_init__(self) -> None:
@@ -114,6 +122,9 @@ class BenchConfig:
             raise ValueError(f"ratios must be in [0, 1), got {self.ratios}")
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}")
+        bad = [m for m in self.compile_modes if m not in COMPILE_MODES]
+        if bad or not self.compile_modes:
+            raise ValueError(f"compile modes must be from {', '.join(COMPILE_MODES)}, got {bad or self.compile_modes}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         content.check(self.content, self.photo)
@@ -196,7 +207,9 @@ class Clock:
         return time.perf_counter() - self.t0
 
     def _compile_forwards(self) -> int:
-        return self.n_variants * (2 + self.cfg.repeats) if self.cfg.compile else 0
+        if not self.cfg.compile:
+            return 0
+        return self.n_variants * len(self.cfg.compile_modes) * (3 + self.cfg.repeats)
 
     def estimate(self) -> tuple[float, float, bool]:
         """(seconds left at the minimum rounds, at the cap, whether extrapolated)."""
@@ -259,11 +272,11 @@ class _Measured:
     out_peaked: dict = field(default_factory=dict)  # output of the peaked UNet
     out_photo: dict = field(default_factory=dict)   # --content both: the same on the photo's latents
     attention: dict = field(default_factory=dict)   # SDPA kernels used (device.kernels_used)
-    times: dict = field(default_factory=dict)       # seconds per timed round
+    times: dict = field(default_factory=dict)       # seconds per timed round (steady: see measure.steady)
+    firsts: dict = field(default_factory=dict)      # per round: the first forward after applying (CUDA; else None)
     waits: dict = field(default_factory=dict)       # per round: share of it spent waiting for a CPU
     out: dict = field(default_factory=dict)         # output of the first timed round
     drift: float = 0.0                              # vanilla before vs after all patches
-    compiled: dict = field(default_factory=dict)    # variant -> _compile_variant's dict
     ops: dict = field(default_factory=dict)         # variant -> op_count.OpCount of one forward
 
     def ratios(self, variants: list[Variant]) -> dict:
@@ -309,44 +322,59 @@ def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: 
                 m.ops[v] = (op_count.count_ops(lambda: forward(unet, inputs))[0], first)
     rounds = 0
     while True:
-        t_round = 0.0
+        round_start = time.perf_counter()  # wall time: on CUDA a round runs several calls per variant
         for v in _round_robin(variants, rounds):
-            t, y, wait = run(v, measure.timed_wait)
-            t_round += t
-            m.times.setdefault(v, []).append(t)
-            m.waits.setdefault(v, []).append(wait)
-            m.out.setdefault(v, y)
+            t = run(v, measure.timed_wait)
+            m.times.setdefault(v, []).append(t.seconds)
+            m.waits.setdefault(v, []).append(t.wait)
+            m.firsts.setdefault(v, []).append(t.first_s)
+            m.out.setdefault(v, t.out)
         rounds += 1
-        clock.round_done(t_round)
+        clock.round_done(time.perf_counter() - round_start)
         if rounds < cfg.repeats:
             continue
         ratios = m.ratios(variants)
         if (rounds >= cfg.max_repeats or not stats.unsettled(ratios)
                 or not clock.room_for_round()):
             break
-    if cfg.compile:
-        for v in variants:
-            m.compiled[v] = _compile_variant(unet, inputs, v, cfg, forward)
-            progress(f"{v.label} compiled")
     return m
 
 
-def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig, forward=measure.forward) -> dict:
-    """Patch, then ``torch.compile(model)`` as a user would (a UNet, or a DiT with its case's ``forward``); the
-    first call (compilation) is timed apart, a second call warms the rest, then ``cfg.repeats`` calls back to
-    back, counting graphs compiled during them (``recompiles``, 0 expected). Errors are reported, not hidden."""
+def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig, forward=measure.forward,
+                     mode: str = "default") -> dict:
+    """Patch, then ``torch.compile(model, mode=mode)`` as a user would (a UNet, or a DiT with its case's ``forward``):
+    the first call (compilation) is timed alone, two more calls warm the rest (CUDA graphs: warm-up, then
+    capture), then ``cfg.repeats`` steady timings, counting the graphs compiled during them (``recompiles``, 0
+    expected) and, on CUDA, the regions CUDA graphs skipped (``cudagraph_skips``, with inductor's reasons). Errors
+    are reported, not hidden."""
+    import logging
+
     import torch._dynamo
+    from torch._dynamo.utils import counters
 
     device = torch.device(cfg.device)
     torch._dynamo.reset()  # each variant compiles from scratch: compile time is its own
-    graphs = torch._dynamo.utils.counters["stats"]
+    graphs = counters["stats"]
+    skips_before = counters["inductor"]["cudagraph_skips"]
+    reasons: list[str] = []
+
+    class Skips(logging.Handler):  # inductor says why it skipped CUDA graphs in a perf hint
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if "cudagraph" in text.lower() and len(reasons) < 5:
+                reasons.append(text.strip().splitlines()[0][:200])
+
+    handler, torch_log = Skips(), logging.getLogger("torch")
+    torch_log.addHandler(handler)
     try:
         with patched(unet, v, **cfg.patch_options()), warnings.catch_warnings():
             # diffusers' lru_cache'd version checks: dynamo traces through them, harmlessly
             warnings.filterwarnings("ignore", message=".*functools.lru_cache.*")
-            compiled = torch.compile(unet)
-            first_s, out = measure.timed(lambda: forward(compiled, inputs), device)
-            # A warm-up call: no graph is expected from it or later (tests: a 12-step loop, both modes).
+            compiled = torch.compile(unet, mode=None if mode == "default" else mode)
+            first_s, out = measure.once(lambda: forward(compiled, inputs), device)
+            # Warm-up calls: CUDA graph trees run one eagerly, then capture; no graph is expected from them or later
+            # (tests: a 12-step loop, both modes).
+            forward(compiled, inputs)
             forward(compiled, inputs)
             before = graphs["unique_graphs"]
             times = [measure.timed(lambda: forward(compiled, inputs), device)[0]
@@ -356,9 +384,13 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig,
         msg = (str(e).strip().splitlines() or [""])[0][:200]
         return {"error": f"{type(e).__name__}: {msg}"}
     finally:
+        torch_log.removeHandler(handler)
         torch._dynamo.reset()
-    return {"times": times, "first_s": first_s, "out": out, "recompiles": recompiles,
-            "graphs": before}
+    result = {"times": times, "first_s": first_s, "out": out, "recompiles": recompiles, "graphs": before}
+    if mode == "reduce-overhead" and device.type == "cuda":
+        result["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - skips_before
+        result["cudagraph_skip_reasons"] = reasons
+    return result
 
 
 def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Measured,
@@ -378,6 +410,10 @@ def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Meas
                speedup_paired=r.paired, interference=r.interference, cpu_wait=m.waits.get(v),
                # other load only ever adds time, so the fastest runs are the least disturbed
                speedup_best=min(m.times[base]) / min(m.times[v]))
+    firsts = [f for f in m.firsts.get(v, ()) if f is not None]
+    if firsts:  # CUDA: what the first forward after applying the variant cost (its one-time work included)
+        row["first_call_s"] = statistics.median(firsts)
+        row["first_calls_s"] = m.firsts[v]
     row["rel_err"], row["cfg_err"] = errors(m.out[v], m.out[base], cfg.guidance)
     if cfg.peaked != 1.0:
         row["peaked"] = cfg.peaked
@@ -396,30 +432,34 @@ def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Meas
     return row
 
 
-def _compiled_row(eager: dict, v: Variant, base: Variant, m: _Measured, cfg: BenchConfig,
-                  errors=measure.errors) -> dict:
-    c, cb = m.compiled[v], m.compiled[base]
+def _compiled_row(eager: dict, v: Variant, c: dict, cb: dict, base_times: list, cfg: BenchConfig, out_base,
+                  mode: str, errors=measure.errors) -> dict:
+    """A compiled row: ``c`` this variant's ``_compile_variant`` result, ``cb`` compiled vanilla's (same mode)."""
     row = {k: eager[k] for k in ("family", "scale", "width", "height", "latent", "batch",
                                  "dtype", "device", "method", "ratio", "label")}
-    row.update(compiled=True, attention="inductor")
+    row.update(compiled=True, compile_mode=mode,
+               attention="inductor" + (" + CUDA graphs" if mode == "reduce-overhead" else ""))
     if "error" in c:
         row["compile_error"] = c["error"]
         return row
     t = statistics.median(c["times"])
     row.update(time_s=t, times_s=c["times"], rounds=len(c["times"]), compile_s=c["first_s"],
-               recompiles=c["recompiles"],
-               speedup_vs_eager=statistics.median(m.times[base]) / t)
+               recompiles=c["recompiles"], graphs=c["graphs"], speedup_vs_eager=statistics.median(base_times) / t)
+    for key in ("cudagraph_skips", "cudagraph_skip_reasons"):
+        if key in c:
+            row[key] = c[key]
     if "error" not in cb:
         # compiled variants run in blocks (a patch change would recompile), not interleaved
         row["speedup"] = statistics.median(cb["times"]) / t
         row["speedup_best"] = min(cb["times"]) / min(c["times"])
     # compiled output against the eager vanilla output: compile error and patch error together
-    row["rel_err"], row["cfg_err"] = errors(c["out"], m.out[base], cfg.guidance)
+    row["rel_err"], row["cfg_err"] = errors(c["out"], out_base, cfg.guidance)
     return row
 
 
 def run_case(model, family: str, size: tuple[int, int], variants: list[Variant],
-             cfg: BenchConfig, progress: Progress, clock: Clock | None = None) -> list[dict]:
+             cfg: BenchConfig, progress: Progress, clock: Clock | None = None,
+             emit: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """All variants at one resolution (``variants[0]`` is vanilla): one row each, for any kind
     of model (its :class:`~.family.Case` gives inputs, forward, peaked attention, errors, extra fields).
 
@@ -429,7 +469,8 @@ def run_case(model, family: str, size: tuple[int, int], variants: list[Variant],
     each over all variants in a rotated order, and the first gives the plain errors; more
     rounds follow, up to ``cfg.max_repeats`` (and ``cfg.budget_s``), while the noise bands
     overlap or other work takes too much of the time (see ``stats``). With ``cfg.compile``,
-    compiled rows follow.
+    compiled rows follow, per compile mode vanilla first. ``emit(rows so far)`` is called once the eager rows
+    are done and after each compiled row, so a run stopped during a long compilation keeps what it measured.
     """
     clock = clock or Clock(cfg, len(variants), lambda _: None)
     case: Case = kind_of(family).case(model, family, size, cfg)
@@ -440,9 +481,44 @@ def run_case(model, family: str, size: tuple[int, int], variants: list[Variant],
     extra = case.extra()
     rows = [dict(_row(family, size, v, variants[0], m, cfg, ranks, ratios, case.errors), **extra)
             for v in variants]
+    if cfg.trace:
+        traces = trace_variants(model, case, family, size, variants, cfg, progress)
+        for row, v in zip(rows, variants):
+            row["trace"] = traces[v]
+            if v != variants[0]:
+                row["trace_vs_vanilla"] = trace_summary.difference(traces[v], traces[variants[0]])
+    emit = emit or (lambda _: None)
+    emit(rows)
     if cfg.compile:
-        rows += [_compiled_row(r, v, variants[0], m, cfg, case.errors) for r, v in zip(rows[:], variants)]
+        eager = dict(zip(variants, rows[:]))
+        for mode in cfg.compile_modes:
+            results = {}
+            for v in variants:
+                results[v] = _compile_variant(model, case.inputs, v, cfg, case.forward, mode)
+                rows.append(_compiled_row(eager[v], v, results[v], results[variants[0]], m.times[variants[0]], cfg,
+                                          m.out[variants[0]], mode, case.errors))
+                progress(f"{v.label} compiled" + ("" if mode == "default" else f" ({mode})"))
+                emit(rows)
     return rows
+
+
+def trace_variants(model, case: Case, family: str, size: tuple[int, int], variants: list[Variant],
+                   cfg: BenchConfig, progress: Progress) -> dict:
+    """Per variant, a profiled trace's summary of steady forwards (``profiling.trace_forwards``): the variant
+    applied, one call to do its one-time work, then the profiled forwards."""
+    from . import profiling
+
+    device, traces = torch.device(cfg.device), {}
+    for v in variants:
+        keep = None
+        if cfg.trace_dir:
+            name = "".join(c if c.isalnum() or c in ".-" else "_" for c in v.label)
+            keep = Path(cfg.trace_dir) / f"{family}_{size[0]}x{size[1]}_{name}.json.gz"
+        with patched(model, v, **cfg.patch_options()):
+            case.forward(model, case.inputs)
+            traces[v] = profiling.trace_forwards(lambda: case.forward(model, case.inputs), device, keep=keep)
+        progress(f"{v.label} traced")
+    return traces
 
 
 def profile_case(unet, family: str, size: tuple[int, int], variants: list[Variant],
@@ -468,8 +544,8 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
     from tqdm.auto import tqdm
 
     variants = cfg.resolve()
-    per_case = (len(variants) * (1 + cfg.repeats) + 1 + (2 * len(variants) if cfg.compile else 0)
-                + (len(variants) if cfg.content == "both" else 0))
+    per_case = (len(variants) * (1 + cfg.repeats) + 1 + (len(variants) * len(cfg.compile_modes) if cfg.compile else 0)
+                + (len(variants) if cfg.content == "both" else 0) + (len(variants) if cfg.trace else 0))
     n_forwards = sum(len(cfg.sizes_for(f)) for f in cfg.families) * per_case
     # no tqdm ETA: forwards differ in cost; the Clock's estimate (from measured warm-ups) is shown
     bar = tqdm(total=n_forwards, unit="fwd", disable=not progress_bar, dynamic_ncols=True,
@@ -491,10 +567,10 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
                         if clock.round_s is not None:
                             bar.set_postfix_str(f"left {clock.text()}", refresh=False)
                         bar.update(1)
-                    rows += run_case(model, family, size, variants, cfg, progress, clock)
+                    done = list(rows)
+                    rows += run_case(model, family, size, variants, cfg, progress, clock,
+                                     emit=(lambda new, _done=done: on_rows(_done + new)) if on_rows else None)
                     clock.case_done()
-                    if on_rows:
-                        on_rows(rows)
                     if profile and (prof is None or profile_every_case) and kind.compiles:
                         bar.set_description(f"{family} {size[0]}x{size[1]} profiling")
                         profiles.append(profile_case(model, family, size, variants, cfg))

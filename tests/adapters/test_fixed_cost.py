@@ -122,3 +122,88 @@ def test_transformers_draw_their_step_on_the_device_without_a_host_sync(family, 
     finally:
         tome_core.remove_patch(model)
     assert torch.equal(out, read)
+
+
+class DriftingClock:
+    """A device where calls queue, timed in virtual seconds; every vanilla call costs a little more than the last
+    (a host or clock that drifts during the run)."""
+
+    back_to_back = True
+
+    def __init__(self) -> None:
+        self.now = self.t0 = 0.0
+
+    def start(self) -> None:
+        self.t0 = self.now
+
+    def stop(self) -> float:
+        return self.now - self.t0
+
+
+def test_the_experiment_alternates_vanilla_and_each_patch_and_pairs_them_against_drift():
+    """python -m tome_bench.experiments.fixed_cost --device cuda, its timing path on a stand-in clock: each patched
+    span sits between two vanilla spans and is compared with their mean, so a linear drift cancels; the first call
+    after applying is reported apart."""
+    from tome_bench.measure import alternate
+
+    clock = DriftingClock()
+    order = []
+
+    def forward():
+        clock.now += order[-1][1] if order else 0.0
+
+    costs = {"vanilla": 0.020}
+
+    def vanilla_forward():
+        costs["vanilla"] += 0.0001  # drifts up 0.1 ms per call
+        order.append(("vanilla", costs["vanilla"]))
+        forward()
+
+    state = {"patched": False, "first": False}
+
+    def apply():
+        state.update(patched=True, first=True)
+
+    def remove():
+        state["patched"] = False
+
+    def call():
+        if not state["patched"]:
+            return vanilla_forward()
+        cost = 1.0 if state["first"] else costs["vanilla"] / 2  # half the current vanilla cost, once warmed
+        state["first"] = False
+        order.append(("patched", cost))
+        forward()
+
+    result = alternate(call, apply, remove, 5, clock)
+    assert len(result["vanilla_ms"]) == 6 and len(result["patched_ms"]) == 5
+    assert result["first_call_ms"] == pytest.approx([1000.0] * 5)
+    kinds = [kind for kind, _ in order]
+    runs = [kinds[0]] + [b for a, b in zip(kinds, kinds[1:]) if a != b]
+    assert runs == ["vanilla", "patched"] * 5 + ["vanilla"]  # V, P, V, ..., V
+    assert result["ratio"] == pytest.approx(2.0, rel=0.02) and result["ratio_max"] - result["ratio_min"] < 0.05
+
+
+def test_the_experiment_counts_and_times_a_tiny_unet_on_a_stand_in_clock():
+    from tome_bench.experiments import fixed_cost
+
+    clock = DriftingClock()
+    unet = build_unet("sd15", "tiny", seed=0)
+    # 100 ms a call (a long call: spans of 2 calls), 1 s for the first call of a patch
+    seen = {"state": None}
+
+    def cost(module, args, kwargs):
+        state = module.__dict__.get("_tome_core")
+        first = state is not None and state is not seen["state"]
+        seen["state"] = state
+        clock.now += 1.0 if first else 0.1
+
+    unet.register_forward_pre_hook(cost, with_kwargs=True)
+    lines = []
+    case = fixed_cost.run_case("sd15", 64, torch.device("cpu"), torch.float32, alternations=5, clock=clock,
+                               log=lines.append, unet=unet)
+    assert [row["case"] for row in case["rows"]] == [label for label, _ in fixed_cost.CASES]
+    for row in case["rows"]:
+        assert row["timing"]["ratios"] == pytest.approx([1.0] * 5)
+        assert row["timing"]["first_call_ms"] == pytest.approx([1000.0] * 5)
+    assert case["rows"][0]["host_syncs"] == 0 and "1.000x vanilla" in lines[0]

@@ -152,7 +152,7 @@ def test_experiments_are_modules_that_run_only_when_asked():
     (["--families", "sdxl", "--blocks", "1"], "--blocks is for DiT families"),
     (["--families", "wan", "--frames", "32"], "frames must be 4k + 1"),
     (["--families", "flux", "--res", "1000"], "DiT sizes must be multiples of 16 px"),
-    (["--families", "flux", "--profile"], "--profile is for UNet families only"),
+    (["--compile-mode", "max-autotune"], "compile modes must be from default, reduce-overhead"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     """What a user sees: one line naming the fix, exit code 2, no traceback. In process (the module's
@@ -297,12 +297,12 @@ def test_more_rounds_while_rounds_disagree_up_to_the_cap(monkeypatch):
             current.append(variant.method)
             yield unet
 
-        def timed(fn, device):  # the next synthetic time of the patched variant
-            return times[current[-1]].pop(0), torch.zeros(2, 4, 1, 1)
+        def steady(fn, device, clock=None):  # the next synthetic time of the patched variant
+            return runner.measure.timing.Timing(times[current[-1]].pop(0), torch.zeros(2, 4, 1, 1))
 
         w = runner.measure.WarmUp(torch.zeros(2, 4, 1, 1), 1.0, "flash-cpu", 0.01)
         monkeypatch.setattr(runner, "patched", patched)
-        monkeypatch.setattr(runner.measure, "timed", timed)
+        monkeypatch.setattr(runner.measure, "steady", steady)
         monkeypatch.setattr(runner.measure, "warm_up", lambda fn, device: w)
         variants = [Variant("vanilla"), Variant("kv", 0.5)]
         cfg = runner.BenchConfig(repeats=2, max_repeats=5, scale="tiny", peaked=1.0,
@@ -524,17 +524,24 @@ def test_presets_and_gpu_suite_configs():
     assert full.resolutions == ((512, 512), (768, 768)) and (full.repeats, full.budget_s) == (3, None)
     # the GPU plan, built here on CPU (device/dtype given, so the CUDA check passes)
     suite = configs("--gpu-suite", "--device", "cpu", "--dtype", "bf16")
-    assert [(c.families, c.resolutions, c.compile, c.batch) for c in suite] == [
-        (("sd15",), ((512, 512), (1024, 1024), (2048, 2048)), False, 2),
-        (("sdxl",), ((1024, 1024), (2048, 2048)), False, 2), (("sd15",), ((1024, 1024),), True, 2),
-        (("sd15",), ((512, 512), (1024, 1024)), False, 8),  # batch 8: the compute-bound regime of smaller GPUs
-        (("sd15",), ((512, 512),), False, 2)]  # level matching against its reuse (match_every), launch-bound
-    assert all((c.repeats, c.max_repeats) == (3, 6) for c in suite)
-    assert "merge-auto" in suite[0].methods and suite[2].methods == ("vanilla", "merge", "merge-level", "kv@0.75")
+    assert [(c.families, c.resolutions, c.compile, c.compile_modes, c.trace) for c in suite] == [
+        (("sd15",), ((512, 512),), False, ("default",), True),
+        (("sd15",), ((1024, 1024), (2048, 2048)), False, ("default",), True),
+        (("sdxl",), ((1024, 1024), (2048, 2048)), False, ("default",), True),
+        (("sd15",), ((1024, 1024),), True, ("default", "reduce-overhead"), False),
+        (("sdxl",), ((1024, 1024),), True, ("default", "reduce-overhead"), False)]
+    assert all((c.repeats, c.max_repeats, c.batch) == (3, 6, 2) for c in suite)
+    assert "merge-auto" in suite[0].methods and "merge-reuse" in suite[0].methods  # the hosts' default; reuse
+    assert suite[3].methods == ("vanilla", "merge-level", "kv@0.75")
+    assert all(c.trace_dir.endswith("traces") for c in suite[:3])
     assert [c.families for c in configs("--gpu-suite", "--families", "sdxl", "--device", "cpu",
-                                        "--dtype", "bf16")] == [("sdxl",)]
+                                        "--dtype", "bf16")] == [("sdxl",), ("sdxl",)]
+    assert [c.compile for c in configs("--gpu-suite", "unet", "--device", "cpu", "--dtype", "bf16")] == [False] * 3
+    assert [c.compile for c in configs("--gpu-suite", "compile", "--device", "cpu", "--dtype", "bf16")] == [True] * 2
     from tome_bench.cli import _profiled
-    assert _profiled(build_parser().parse_args(["--gpu-suite"])) == [True, True, False, False, False]
+    assert _profiled(build_parser().parse_args(["--gpu-suite"])) == [True, True, True, False, False]
+    (graphs,) = configs("--compile-mode", "default,reduce-overhead")
+    assert graphs.compile and graphs.compile_modes == ("default", "reduce-overhead")
 
 
 def test_clock_estimates_from_measured_forwards():

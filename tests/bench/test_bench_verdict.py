@@ -156,10 +156,10 @@ def _fake_measure(monkeypatch, times, waits=None, repeats=2, max_repeats=5):
         current.append(variant.method)
         yield unet
 
-    def timed(fn, device):
+    def steady(fn, device, clock=None):
         t = times[current[-1]].pop(0)
         clock_s[0] += t
-        return t, torch.zeros(2, 4, 1, 1)
+        return runner.measure.timing.Timing(t, torch.zeros(2, 4, 1, 1))
 
     def cpu_wait():  # seconds waited so far: the share of the running forward's time
         share = (waits or {}).get(current[-1]) if current else None
@@ -167,7 +167,7 @@ def _fake_measure(monkeypatch, times, waits=None, repeats=2, max_repeats=5):
 
     w = runner.measure.WarmUp(torch.zeros(2, 4, 1, 1), 1.0, "flash-cpu", 0.01)
     monkeypatch.setattr(runner, "patched", patched)
-    monkeypatch.setattr(runner.measure, "timed", timed)
+    monkeypatch.setattr(runner.measure, "steady", steady)
     monkeypatch.setattr(runner.measure, "cpu_wait", cpu_wait)
     monkeypatch.setattr(runner.measure, "warm_up", lambda fn, device: w)
     variants = [Variant("vanilla"), Variant("kv", 0.5)]
@@ -210,8 +210,8 @@ def test_cpu_wait_sums_the_threads_schedstat(tmp_path, monkeypatch):
     assert measure.cpu_wait() == pytest.approx(2.5)
     monkeypatch.setattr(measure, "_TASKS", str(tmp_path / "absent"))
     assert measure.cpu_wait() is None
-    seconds, out, share = measure.timed_wait(lambda: torch.ones(1), torch.device("cpu"))
-    assert share is None and out.item() == 1.0 and seconds >= 0
+    t = measure.timed_wait(lambda: torch.ones(1), torch.device("cpu"))
+    assert t.wait is None and t.out.item() == 1.0 and t.seconds >= 0 and t.first_s is None
 
 
 def test_table_and_busy_line_show_the_refusal():

@@ -7,7 +7,9 @@ to ``docs/results/<name>.json`` there, else to the current folder):
 - ``math_attention_memory``: peak memory under PyTorch's math attention where vanilla does not fit.
 - ``ltx2_audio_keys``: whether cutting LTX-2's video-to-audio keys is sound (it is not).
 - ``ltx2_ffn_merge``: merging LTX-2's video tokens before the feed-forward against a higher kv ratio.
-- ``fixed_cost``: host syncs, ATen ops and Python calls into tome_core one SD1.5 forward adds, per kind of patch.
+- ``fixed_cost``: host syncs, ATen ops and Python calls into tome_core one SD1.5 forward adds, per kind of patch;
+  on CUDA also its time, vanilla and each patch alternated.
+- ``speed_check_accuracy``: the speed check's verdict against the bench's steady ratio, per case.
 - ``dit_merge_error``: DiT merge's error at equal token counts: matching features, video windows, block ranges, noise levels.
 - ``matching_reuse``: the error and the work of keeping a merge's matching for N model calls (``match_every``).
 """
