@@ -4,7 +4,7 @@ The bench's default latents are white noise (``--content noise``): neighbouring 
 alike, the worst case for merging. ``--content photo`` replaces the clean part of the latent with a
 photograph that scikit-image ships in its wheel (``skimage.data``, no download), carried into the
 family's latent channels by the least-squares inverse of the host's latent-to-RGB preview map
-(``latent_rgb``), then noised to the bench's step with the same seeded noise the noise content uses:
+(``latent_rgb``), scaled to the standard deviation of the family's real latents (unit), then noised to the bench's step with the same seeded noise the noise content uses:
 ``x_t = a * x0 + s * noise``. Video families get a slow pan across the photo, one crop per latent
 frame. Nothing here is random: the same photo, seed and family give the same latents.
 
@@ -19,7 +19,7 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from .latent_rgb import FAMILY_FORMAT, FORMATS
+from .latent_rgb import FAMILY_FORMAT, FORMATS, LATENT_STD
 
 CONTENTS = ("noise", "photo", "both")  # --content: today's noise, photographs, or errors on both
 # skimage.data loaders whose images are in the scikit-image wheel itself (others are fetched on first use)
@@ -98,8 +98,11 @@ def latent_channels(family: str) -> int:
 
 
 def photo_latent(family: str, frames: int, height: int, width: int, photo: str = "astronaut") -> torch.Tensor:
-    """The clean latent x0 ``[C, frames, height, width]`` (float32) of ``photo`` for ``family``."""
-    return rgb_to_latent(photo_frames(photo, frames, height, width), family).float()
+    """The clean latent x0 ``[C, frames, height, width]`` (float32) of ``photo`` for ``family``: the least-squares
+    latent (``rgb_to_latent``) scaled to the standard deviation of the family's real latents (``LATENT_STD``), so the
+    photo weighs as much against the noise in every family (its preview is the photo's colours, contrast scaled)."""
+    latent = rgb_to_latent(photo_frames(photo, frames, height, width), family)
+    return (latent * (LATENT_STD[FAMILY_FORMAT[family]] / latent.std())).float()
 
 
 @functools.lru_cache(maxsize=None)

@@ -237,6 +237,14 @@ FORMATS = {
         bias=(-0.347892, -0.363814, -0.370287)),
 }
 
+# Standard deviation of the latents each latent space's model is trained on and sees: every host normalises its
+# VAE's latents to about unit variance before the model (ComfyUI's ``process_in``: SD1.x/SD2 scale 0.18215 and SDXL
+# 0.13025, chosen for unit variance (Rombach et al. 2022, appendix G); SD3 and Flux (and Z-Image) a shift and scale
+# fitted for it; Wan 2.1 (and Qwen-Image) and LTX-2 per-channel means and standard deviations). ``content`` scales
+# each photo latent to it, so the photo weighs as much against the noise in every family (the least-squares latent
+# alone has std 0.37 on Wan 2.1's space and 0.9 on Flux's).
+LATENT_STD = {"SD15": 1.0, "SDXL": 1.0, "SD3": 1.0, "Flux": 1.0, "Wan21": 1.0, "LTXAV": 1.0}
+
 # bench family -> ComfyUI latent format class (comfy/supported_models.py)
 FAMILY_FORMAT = {"sd15": "SD15", "sd2": "SD15", "sdxl": "SDXL", "sd3": "SD3", "flux": "Flux",
                  "z_image": "Flux", "qwen_image": "Wan21", "wan": "Wan21", "ltx2": "LTXAV"}

@@ -14,7 +14,7 @@ pytest.importorskip("skimage")
 
 from tome_bench import content  # noqa: E402
 from tome_bench.dit_models import build_dit, forward, make_dit_inputs, peaked_attention  # noqa: E402
-from tome_bench.latent_rgb import FAMILY_FORMAT, FORMATS  # noqa: E402
+from tome_bench.latent_rgb import FAMILY_FORMAT, FORMATS, LATENT_STD  # noqa: E402
 from tome_bench.methods import Variant, patched  # noqa: E402
 from tome_bench.models import build_unet, make_inputs  # noqa: E402
 
@@ -191,3 +191,15 @@ def test_content_both_puts_the_photos_errors_beside_noises(tmp_path):
     assert result["environment"]["command"] == "python -m tome_core bench " + " ".join(argv)
     assert result["environment"]["commit"] is None or len(result["environment"]["commit"].split("+")[0]) == 40
     assert "cfg err peaked (photo)" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize("family", ("flux", "z_image", "qwen_image", "wan", "ltx2", "sd15", "sdxl"))
+def test_the_photo_latent_has_the_familys_latent_scale(family):
+    """The photo latent is the least-squares one scaled to the standard deviation of the family's real latents (unit
+    for every host's normalised latents), so the photo weighs as much against the noise in every family: Qwen-Image's
+    and Wan's (std 0.36 as inverted) and Flux's (0.85) alike."""
+    frames = 3 if family in ("wan", "ltx2") else 1
+    latent = content.photo_latent(family, frames, 12, 16)
+    least_squares = content.rgb_to_latent(content.photo_frames("astronaut", frames, 12, 16), family)
+    assert latent.std().item() == pytest.approx(LATENT_STD[FAMILY_FORMAT[family]], rel=1e-5)
+    assert torch.allclose(latent.double(), least_squares * (latent.std().double() / least_squares.std()), atol=1e-5)
