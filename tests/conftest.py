@@ -80,6 +80,24 @@ def check_reduced_output(model, inputs, run, apply_patch, state_attr: str, ratio
     return model.__dict__[state_attr]
 
 
+class StandInClock:
+    """A clock of a device where calls queue (as CUDA's), in virtual seconds: the code under test advances ``now``
+    by what each call costs, so a timing's result is known exactly (``tome_core.engine.timing.Clock``)."""
+
+    back_to_back = True
+
+    def __init__(self) -> None:
+        self.now = self.t0 = 0.0
+        self.spans: list = []
+
+    def start(self) -> None:
+        self.t0 = self.now
+
+    def stop(self) -> float:
+        self.spans.append(self.now - self.t0)
+        return self.now - self.t0
+
+
 def hook_count(module: torch.nn.Module) -> int:
     return sum(
         len(m._forward_pre_hooks) + len(m._forward_hooks) + len(m._forward_pre_hooks_with_kwargs)

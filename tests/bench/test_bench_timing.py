@@ -11,21 +11,9 @@ import torch
 from tome_bench import measure, runner
 from tome_bench.methods import Variant
 from tome_bench.models import build_unet
+from conftest import StandInClock as VirtualClock
 
 STATE_ATTR = "_tome_core"
-
-
-class VirtualClock:
-    back_to_back = True
-
-    def __init__(self) -> None:
-        self.now = self.t0 = 0.0
-
-    def start(self) -> None:
-        self.t0 = self.now
-
-    def stop(self) -> float:
-        return self.now - self.t0
 
 
 @pytest.fixture

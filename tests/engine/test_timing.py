@@ -10,24 +10,7 @@ import torch
 
 from tome_core import ToMeConfig
 from tome_core.engine import speed_check, timing
-
-
-class VirtualClock:
-    """A clock of a device where calls queue (back to back); calls advance ``now`` by their cost."""
-
-    back_to_back = True
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.t0 = 0.0
-        self.spans: list = []
-
-    def start(self) -> None:
-        self.t0 = self.now
-
-    def stop(self) -> float:
-        self.spans.append(self.now - self.t0)
-        return self.now - self.t0
+from conftest import StandInClock as VirtualClock
 
 
 def costly(clock: VirtualClock, first: float, then: float):
