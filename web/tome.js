@@ -48,6 +48,12 @@ export function findLatentSize(node, graph) {
   return null;
 }
 
+// How mode merge's attention weighs the merged keys (tome_core.engine.token_merge.ATTENTION_WORDS); plain: no line.
+const ATTENTION_LINES = {
+  balanced: "balanced attention: the merged image keys weigh as the image's tokens against the text",
+  proportional: "proportional attention: each merged key weighs as the tokens it holds",
+};
+
 // A DiT (Flux, SD3, Wan, HunyuanVideo) has no UNet levels: the last run's kv window on its image/video tokens,
 // or (mode merge) the share of image tokens carried merged through its blocks.
 export function ditLines(lastRun) {
@@ -58,6 +64,7 @@ export function ditLines(lastRun) {
     `${lastRun.model_type} (${lastRun.family}): mode merge on image tokens`,
     merged > 0 ? `${merged}% of the image tokens merged into a similar neighbour through each block; text kept`
                : "ratio 0: nothing reduced",
+    ...(merged > 0 && ATTENTION_LINES[lastRun.merge_attention] ? [ATTENTION_LINES[lastRun.merge_attention]] : []),
   ] : [
     `${lastRun.model_type} (${lastRun.family}): mode kv on image tokens`,
     kept > 1 ? `keys/values: 1 of ${kept} per ${window.join("x")} window; every query and text token kept`
@@ -129,6 +136,7 @@ export const extension = {
           this.tomeLastRun.kv_window = Array.isArray(info.kv_window) ? info.kv_window.map(Number) : [];
           this.tomeLastRun.mode = String(info.mode ?? "kv");
           this.tomeLastRun.ratio = Number(info.ratio) || 0;
+          if (info.merge_attention) this.tomeLastRun.merge_attention = String(info.merge_attention);
           if (Array.isArray(info.blocks)) this.tomeLastRun.blocks = info.blocks.map(Number);
         }
       }

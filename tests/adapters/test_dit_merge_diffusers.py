@@ -360,3 +360,97 @@ def test_wan_vace_and_animate(variant):
     full, cut = seen
     assert cut.shape[1] == full.shape[1] - int(0.5 * grid)
     assert torch.equal(cut[:, :prefix], full[:, :prefix])
+
+
+class SpyMasks(torch.overrides.TorchFunctionMode):
+    """The key count and the mask of every scaled_dot_product_attention call, as the kernel gets them (a mode entered
+    before ToMe's, so it sees what ToMe hands on)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            bound = dict(zip(("query", "key", "value", "attn_mask"), args), **kwargs)
+            mask = bound.get("attn_mask")
+            self.calls.append((bound["key"].shape[-2], None if mask is None else mask.clone()))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("how", ["balanced", "proportional"])
+@pytest.mark.parametrize("family", ["flux", "flux2", "qwen_image", "z_image", "wan", "ltx2"])
+def test_merged_keys_weigh_as_the_tokens_they_hold(family, how):
+    """In every attention over a merged stream the keys of the stream weigh as its tokens: exp of their bias sums to
+    the stream's token count (text and tokens outside the grid at 0); balanced leaves attention over the grid alone
+    (Wan's and LTX-2's video self-attention) unmasked; ratio 0 and removal stay bit-identical."""
+    model, inputs, _ = FAMILIES[family](batch=2)
+    check_identity_at_ratio_zero_and_after_removal(model, inputs, run, apply_patch, remove_patch, is_patched,
+                                                   STATE_ATTR, mode="merge", merge_attention=how)
+    apply_patch(model, ratio=0.5, mode="merge", merge_attention=how)
+    state = model.__dict__[STATE_ATTR]
+    spy = SpyMasks()
+    with spy:
+        run(model, inputs)
+    call = state.current
+    merges = {merge.slots + extra: merge for merge in call.merges.values() for extra in (0, call.text)}
+    weighed = [(keys, mask) for keys, mask in spy.calls if mask is not None and mask.dtype != torch.bool
+               and keys in merges]
+    joint = family not in ("wan", "ltx2")
+    assert len(weighed) >= (len(merged_blocks(model, family)) if joint or how == "proportional" else 0)
+    if not joint and how == "balanced":
+        assert not weighed  # one value on every key would change nothing: no mask
+    for keys, mask in weighed:
+        merge = merges[keys]
+        stream = mask.reshape(-1, keys)[0, keys - merge.slots:].float()
+        finite = stream[torch.isfinite(stream)]
+        assert finite.exp().sum().item() == pytest.approx(merge.length - (stream.numel() - finite.numel()), rel=1e-2)
+    assert "attention" in describe(model) and how in describe(model)
+    remove_patch(model)
+
+
+@pytest.mark.parametrize("how", ["balanced", "proportional"])
+def test_weighed_keys_with_every_size_one_is_plain_attention(how):
+    """A ratio that removes no token (every slot holds one token): the bias is 0 on every key, the output is plain
+    merge's within float tolerance."""
+    model, inputs, _ = qwen_image(batch=2)
+    apply_patch(model, ratio=0.01, mode="merge", merge_attention="plain")
+    plain = run(model, inputs)
+    assert model.__dict__[STATE_ATTR].current.match.removed == 0
+    apply_patch(model, ratio=0.01, mode="merge", merge_attention=how)
+    assert torch.allclose(run(model, inputs), plain, atol=1e-5)
+    remove_patch(model)
+
+
+def test_weighed_keys_change_the_output_and_compile_without_recompiling():
+    """Balanced attention on Qwen-Image changes merge's output; torch.compile of the patched transformer matches eager
+    at every step and compiles nothing after the first (the bias is built per call, outside any guard)."""
+    from torch._dynamo.utils import counters
+
+    model, inputs, _ = qwen_image(batch=2)
+    apply_patch(model, ratio=0.5, mode="merge", merge_attention="plain")
+    plain = run(model, inputs)
+    apply_patch(model, ratio=0.5, mode="merge", merge_attention="balanced")
+    assert not torch.allclose(run(model, inputs), plain, atol=1e-4)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model)
+    graphs = []
+    for step in (0.6, 0.5, 0.4, 0.3):
+        inputs["timestep"] = torch.full((2,), step)
+        eager, result = run(model, inputs), run(compiled, inputs)
+        assert ((result - eager).norm() / eager.norm()).item() < 1e-4
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] > 0 and graphs == [graphs[0]] * 4, graphs
+    remove_patch(model)
+    torch._dynamo.reset()
+
+
+def test_merge_attention_is_refused_where_it_means_nothing():
+    model, _, _ = qwen_image()
+    with pytest.raises(ValueError, match="merge_attention='balanced' weighs merged keys, which mode='kv' has none"):
+        apply_patch(model, ratio=0.5, mode="kv", merge_attention="balanced")
+    with pytest.raises(ValueError, match="merge_attention must be one of"):
+        apply_patch(model, ratio=0.5, mode="merge", merge_attention="soft")
+    assert not is_patched(model)

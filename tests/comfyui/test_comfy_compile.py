@@ -249,3 +249,22 @@ def test_dit_merge_then_compile_matches_eager(comfy, compile_node, tome_nodes, f
     assert rel(result, eager) < TOLERANCE
     assert rel(result, sample_flux(comfy, patcher, latent, cond)) > 1e-3
     assert calls[-1] == calls[-2], (calls, break_report())  # no recompiling from step to step
+
+
+def test_dit_merge_with_weighed_keys_then_compile_matches_eager(comfy, compile_node):
+    """Flux's merged single blocks with balanced attention: the per-block attention override that adds the keys' bias
+    runs inside the compiled module; compiled equals eager and does not recompile from step to step."""
+    from tome_core.adapters.model_patcher.dit import patch_dit_model_patcher
+    from tome_core.engine.config import ToMeConfig
+
+    patcher, latent, cond = flux(comfy)
+    patched = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="merge", merge_attention="balanced"))
+    plain = sample_flux(comfy, patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="merge",
+                                                                          merge_attention="plain")), latent, cond)
+    eager = sample_flux(comfy, patched, latent, cond)
+    assert rel(eager, plain) > 1e-4  # the bias acts
+    compiled, calls = counted(compile_node(patched))
+    result = sample_flux(comfy, compiled, latent, cond)
+    print(f"flux merge, balanced: (graphs, frames, breaks) per call {calls}; {break_report()}")
+    assert rel(result, eager) < TOLERANCE
+    assert calls[-1] == calls[-2], (calls, break_report())  # no recompiling from step to step

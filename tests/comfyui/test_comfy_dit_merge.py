@@ -15,6 +15,7 @@ from test_comfy_dit import comfy, flux, sample, spy_on, tome_package, wan  # noq
 from test_comfy_families import flux2, ltxav, lumina2, qwen_image, z_image
 
 from tome_core.adapters.model_patcher.dit import patch_dit_model_patcher
+from tome_core.adapters.model_patcher.dit_call import OVERRIDE
 from tome_core.adapters.model_patcher.plan import plan_patch
 from tome_core.engine.config import ToMeConfig
 from tome_core.engine.grid import TokenLayout
@@ -410,3 +411,63 @@ def test_match_every_reuses_within_a_run_and_each_run_starts_afresh(comfy):
     assert torch.equal(sample(comfy, reusing, latent, cond, steps=1), one_step)  # the first call matches
     with pytest.raises(ValueError, match="mode='merge'"):
         ToMeConfig(ratio=0.5, mode="kv", match_every=2)
+
+
+def spy_masks(patcher):
+    """An attention override set by another node: records each attention's key count and the mask it is handed
+    (ToMe's per-block override chains it, so it sees the mask ToMe adds)."""
+    calls = []
+
+    def spy(func, *args, **kwargs):
+        k = args[1] if len(args) >= 3 else kwargs["k"]
+        mask = args[4] if len(args) >= 5 else kwargs.get("mask")
+        calls.append((k.shape[2 if kwargs.get("skip_reshape", False) else 1], None if mask is None else mask.clone()))
+        return func(*args, **kwargs)
+
+    patcher.model_options.setdefault("transformer_options", {})[OVERRIDE] = spy
+    return calls
+
+
+@pytest.mark.parametrize("how", ["balanced", "proportional"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_merged_keys_weigh_as_the_tokens_they_hold(comfy, family, how):
+    """In every attention over a merged stream the stream's keys weigh as its tokens: exp of their bias sums to the
+    stream's token count (text and tokens outside the grid at 0); balanced leaves an attention over the grid alone
+    (Wan's and LTX-2's video self-attention) unmasked; ratio 0 is the unpatched output bit for bit, the input MODEL
+    is untouched, and the plan names the attention."""
+    patcher, latent, cond, where = FAMILIES[family](comfy)
+    expected = sample(comfy, patcher, latent, cond, steps=1)
+    assert torch.equal(sample(comfy, patch_dit_model_patcher(patcher, merge(0.0, merge_attention=how)), latent, cond,
+                              steps=1), expected)
+    base = patcher.clone()
+    calls = spy_masks(base)
+    on = patch_dit_model_patcher(base, merge(0.5, merge_attention=how))
+    changed = sample(comfy, on, latent, cond, steps=1)
+    assert torch.isfinite(changed).all() and not torch.equal(changed, expected)
+    state = on.wrappers["apply_model"]["tome_dit_kv"][0].__self__
+    # the merges of the call, by the key count of an attention over each: the stream alone, or the text before it
+    text = where.get("prefix", 0)
+    merges = {merge_.slots + extra: merge_ for merge_ in state.last_call.merges.values() for extra in (0, text)}
+    weighed = [(keys, mask) for keys, mask in calls if mask is not None and mask.dtype != torch.bool and keys in merges]
+    if family in ("wan", "ltx2") and how == "balanced":
+        assert not weighed
+    else:
+        assert weighed
+    for keys, mask in weighed:
+        merge_ = merges[keys]
+        stream = mask.reshape(-1, keys)[0, keys - merge_.slots:].float()
+        finite = stream[torch.isfinite(stream) & (stream > -1e4)]
+        assert finite.exp().sum().item() == pytest.approx(merge_.length - (stream.numel() - finite.numel()), rel=1e-2)
+    assert plan_patch(patcher, merge(0.5, merge_attention=how)).description["merge_attention"] == how
+    assert torch.equal(sample(comfy, patcher, latent, cond, steps=1), expected)
+
+
+def test_each_familys_default_merge_attention(comfy):
+    """Without merge_attention the family's catalogue default: balanced on Qwen-Image, plain on the others."""
+    from tome_core.catalogue.families import BY_NAME
+
+    for family in ("qwen_image", "flux", "wan", "z_image"):
+        patcher = FAMILIES[family](comfy)[0]
+        described = plan_patch(patcher, merge(0.5)).description["merge_attention"]
+        assert described == BY_NAME[family].merge_attention
+    assert plan_patch(FAMILIES["qwen_image"](comfy)[0], merge(0.5)).description["merge_attention"] == "balanced"

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+from ..engine.config import MERGE_ATTENTIONS, ToMeConfig
 from . import token_readers as readers
 from .comfy_dits import (DIFFUSIONMODULES, TIME_CONCAT, WAN_APPENDED, WAN_HOST, Appended, ComfyBlocks, ComfyDiT,
                          ComfyMerge)
@@ -43,6 +44,9 @@ class ModelFamily:
     default_mode: the mode used where none is asked for (the basic ComfyUI node, ``apply_patch`` without
         ``mode``): the lowest error per unit of speed-up measured (docs/TRANSFORMERS.md, "Mode merge"); "merge"
         only where the family has merge bindings, and only on the classes they reach (the others get kv).
+    merge_attention: how mode merge's blocks weigh the merged keys where ``ToMeConfig.merge_attention`` is None
+        (``token_merge.key_bias``): the lowest error measured at equal tokens (docs/TRANSFORMERS.md, "How merged
+        tokens are used").
     """
 
     name: str
@@ -53,6 +57,7 @@ class ModelFamily:
     comfy: Tuple[ComfyDiT, ...] = ()
     default_mode: str = "kv"
     wanvideo: Tuple[WanVideoDiT, ...] = ()
+    merge_attention: str = "plain"
 
     @property
     def bindings(self) -> tuple:
@@ -67,6 +72,13 @@ class ModelFamily:
         merges = any(b.merge is not None for b in self.bindings)
         if self.default_mode not in ("kv", "merge") or (self.default_mode == "merge" and not merges):
             raise ValueError(f"ToMe: family {self.name}: default_mode {self.default_mode!r} needs merge bindings.")
+        if self.merge_attention not in MERGE_ATTENTIONS or (self.merge_attention != "plain" and not merges):
+            raise ValueError(f"ToMe: family {self.name}: merge_attention {self.merge_attention!r} must be one of "
+                             f"{MERGE_ATTENTIONS}, and not plain only where the family has merge bindings.")
+
+    def attention_for(self, config: ToMeConfig) -> str:
+        """The merge attention of a patch: the config's, or this family's default (``merge_attention``)."""
+        return config.merge_attention or self.merge_attention
 
 
 CATALOGUE: Tuple[ModelFamily, ...] = (
@@ -111,6 +123,7 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
     # at 0.140 (0.36 against 0.88 error per unit of speed-up); Flux stays on kv (a tie there: 0.415 against 0.41).
     ModelFamily(
         'qwen_image', 'Qwen-Image (2512, Edit 2509/2511)', grid_dims=2, native_px=(1328, 1328), default_mode="merge",
+        merge_attention="balanced",
         diffusers=(
             DiffusersDiT("qwen_image", (TRANSFORMERS + "transformer_qwenimage.QwenImageTransformer2DModel",), "first",
                          (BlockList("transformer_blocks", (("attn", "joint"),)),), readers.qwen_tokens, Timestep(3,
@@ -488,7 +501,8 @@ def markdown_list() -> str:
         hosts = [label for label, _ in held]
         merging = [label for label, bindings in held if any(binding.merge is not None for binding in bindings)]
         only = "" if merging == hosts else f" in {_joined(merging)}"
-        modes = f"modes kv and merge{only}, default {family.default_mode}" if merging else "mode kv"
+        weighed = "" if family.merge_attention == "plain" else f" with {family.merge_attention} attention"
+        modes = f"modes kv and merge{only}, default {family.default_mode}{weighed}" if merging else "mode kv"
         lines.append(f"- {family.title} (`{family.name}`, {modes}): {_joined(hosts)}")
     return "\n".join(lines) + "\n"
 

@@ -13,6 +13,7 @@ MODES = ("merge", "kv")
 MATCHINGS = ("block", "level")
 SPEED_CHECKS = ("off", "auto", "on")
 KV_DOWNSAMPLES = ("nearest", "avg")
+MERGE_ATTENTIONS = ("plain", "balanced", "proportional")  # token_merge.key_bias
 MAX_DOWNSAMPLES = (1, 2, 4, 8)
 
 
@@ -60,6 +61,10 @@ class ToMeConfig:
     start_percent, end_percent: the part of the sampling schedule (0 = first step, 1 = last)
         where ToMe is active.
     min_tokens: levels with fewer tokens than this are left alone (merging cannot pay there).
+    merge_attention: DiT mode "merge" only: how attention in a merged block weighs the merged keys
+        (``token_merge.key_bias``): "plain" (each as one token), "balanced" (the merged grid keys together as
+        the grid's tokens against the keys carried whole: text, references), "proportional" (each as the tokens
+        it holds, ToMe's prop_attn); None: the model family's default (the catalogue's).
     block_start, block_end: DiTs (mode "kv") only: the share of the model's blocks, in depth order,
         that ToMe reduces (Flux: its double blocks, then its single blocks); block i of n is reduced
         iff block_start <= (i + 0.5) / n <= block_end. block_start None: the model's default (Flux:
@@ -86,6 +91,7 @@ class ToMeConfig:
     min_tokens: int = 0
     block_start: Optional[float] = None
     block_end: float = 1.0
+    merge_attention: Optional[str] = None
 
     def __post_init__(self) -> None:
         _require_int("sx", self.sx, 1)
@@ -117,6 +123,9 @@ class ToMeConfig:
                 "ToMe: mode='kv' only pools self-attention keys/values; set merge_crossattn=False and "
                 "merge_mlp=False, or use mode='merge'."
             )
+        if self.merge_attention is not None and self.merge_attention not in MERGE_ATTENTIONS:
+            raise ValueError(f"ToMe: merge_attention must be one of {MERGE_ATTENTIONS} (or None: the model family's "
+                             f"default), got {self.merge_attention!r}.")
         _require_int("seed", self.seed, 0)
         _require_int("match_every", self.match_every, 1)
         if self.match_every > 1 and self.mode != "merge":
@@ -168,6 +177,11 @@ def require_all_blocks(config: ToMeConfig, model_name: str) -> None:
             f"ToMe: block_start/block_end choose a share of a DiT's blocks (Flux, Qwen-Image, Wan, LTX-2, ...); {model_name} is a "
             "UNet, whose levels max_downsample chooses: set block_start=0.0 and block_end=1.0."
         )
+    if config.merge_attention not in (None, "plain"):
+        raise ValueError(
+            f"ToMe: merge_attention={config.merge_attention!r} weighs the merged keys of a DiT's merged blocks; "
+            f"{model_name} is a UNet (tomesd's merge): leave merge_attention unset."
+        )
     if config.match_every > 1 and config.matching != "level":
         raise ValueError(
             f"ToMe: match_every={config.match_every} reuses a level's matching across model calls; on a UNet "
@@ -189,6 +203,11 @@ def require_dit_config(config: ToMeConfig, model_name: str, merges: bool = False
         )
     if config.mode == "merge":
         return
+    if config.merge_attention not in (None, "plain"):
+        raise ValueError(
+            f"ToMe: merge_attention={config.merge_attention!r} weighs merged keys, which mode='kv' has none of "
+            f"({model_name}): leave merge_attention unset, or use mode='merge'."
+        )
     if config.kv_downsample != "nearest":
         raise ValueError(
             f"ToMe: kv_downsample={config.kv_downsample!r} is not supported on {model_name}: its keys are "

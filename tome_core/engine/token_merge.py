@@ -20,8 +20,9 @@ residual stream. Tokens outside the grid (text, references, registers) are never
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -53,6 +54,10 @@ class TokenMerge:
     def unmerge_update(self, x: torch.Tensor, merged_in: torch.Tensor, merged_out: torch.Tensor) -> torch.Tensor:
         """The block's output on the full stream: each token's input ``x`` plus its slot's update."""
         return x + (merged_out - merged_in).index_select(1, self.group)
+
+    def log_sizes(self) -> torch.Tensor:
+        """[slots] float32: log of the tokens each slot stands for (0 for a token carried alone)."""
+        return self.counts[:, 0].float().log()
 
     def take(self, table: torch.Tensor, dim: int, offset: int = 0, before: int = 0) -> torch.Tensor:
         """Rows of a per-token table (RoPE, masks, per-token modulation) for the merged stream, along ``dim``:
@@ -126,3 +131,54 @@ def _window_of_each_token(grid: Sequence[int], window: Sequence[int], device: to
         coord = torch.arange(n, device=device) // s
         ids = ids.unsqueeze(-1) * per_side + coord
     return ids.flatten()
+
+
+
+# what each merge attention does, in the words describe() and the ComfyUI node use
+ATTENTION_WORDS = {"plain": "plain attention (each merged key as one token)",
+                   "balanced": "balanced attention (the merged image keys weigh as the image's tokens against the text)",
+                   "proportional": "proportional attention (each merged key weighs as the tokens it holds)"}
+
+
+def key_bias(merge: TokenMerge, stream: TokenLayout, keys: int, text: int = 0, text_first: bool = True,
+             how: str = "balanced") -> Optional[torch.Tensor]:
+    """The additive logit bias [keys] (float32) of an attention over the merged stream, so merged keys weigh as the
+    tokens they hold; None where it changes nothing (no bias, or one value on every key) or the keys are not the
+    stream.
+
+    The keys are the merged stream laid out as ``stream`` (``keys == merge.slots``), or it with the ``text`` tokens a
+    joint attention concatenates inside the block before it (``text_first``) or after it. ``how``:
+
+    - "proportional": ``log`` of the tokens each key's slot stands for (ToMe for ViTs' ``prop_attn``), so attention
+      over a merged key is attention over its tokens where they are alike.
+    - "balanced": one value for every merged grid key, ``log(grid tokens / grid slots)``, 0 for the keys carried
+      whole (text, references, padding): the grid keeps its share of the attention against them, and within the grid
+      nothing changes. Where every key is a grid key (an image-only self-attention) that is one value on every key,
+      which changes nothing: no bias there.
+    - "plain": none.
+    """
+    if how == "plain" or keys not in (merge.slots, merge.slots + text):
+        return None
+    if how == "proportional":
+        bias = merge.log_sizes()
+    else:
+        in_grid = (merge.kept >= stream.prefix) & (merge.kept < stream.prefix + stream.grid_tokens)
+        if keys == merge.slots and stream.prefix + stream.suffix == 0:
+            return None
+        slots = merge.slots - stream.prefix - stream.suffix
+        bias = in_grid.float() * math.log(stream.grid_tokens / slots)
+    if keys == merge.slots:
+        return bias
+    zeros = bias.new_zeros(text)
+    return torch.cat([zeros, bias] if text_first else [bias, zeros])
+
+
+def biased_mask(mask: Optional[torch.Tensor], bias: torch.Tensor, dtype: torch.dtype, ndim: int) -> torch.Tensor:
+    """An attention mask with ``bias`` [keys] added to every logit: the bias alone shaped [1, ..., keys] (``ndim``
+    axes), a float mask plus it, a boolean mask's kept keys at it and its masked keys at -inf."""
+    bias = bias.to(dtype).view((1,) * (ndim - 1) + (-1,))
+    if mask is None:
+        return bias
+    if mask.dtype == torch.bool:
+        return torch.where(mask, bias, torch.tensor(-float("inf"), dtype=dtype, device=bias.device))
+    return mask + bias

@@ -111,10 +111,14 @@ test("after a DiT run in mode merge the node shows the merged share of image tok
   await module.extension.beforeRegisterNodeDef(NodeType, { name: "TomeCoreToMe" });
   const node = Object.assign(new NodeType(), { id: 6, widgets: [{ name: "ratio", value: 0.5 }], outputs: [] });
   node.onExecuted({ tome: [{ model_type: "QwenImage", family: "qwen_image", mode: "merge", ratio: 0.5, kv_window: [],
-                             blocks: [60, 60] }] });
+                             blocks: [60, 60], merge_attention: "plain" }] });
   assert.deepEqual(module.infoLines(node, { links: {}, getNodeById: () => undefined }), [
     "QwenImage (qwen_image): mode merge on image tokens",
     "50% of the image tokens merged into a similar neighbour through each block; text kept", "all 60 blocks"]);
+  node.onExecuted({ tome: [{ model_type: "QwenImage", family: "qwen_image", mode: "merge", ratio: 0.5, kv_window: [],
+                             blocks: [60, 60], merge_attention: "balanced" }] });
+  assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[2],
+               "balanced attention: the merged image keys weigh as the image's tokens against the text");
   node.onExecuted({ tome: [{ model_type: "QwenImage", family: "qwen_image", mode: "merge", ratio: 0, kv_window: [] }] });
   assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[1], "ratio 0: nothing reduced");
 });

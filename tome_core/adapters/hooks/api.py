@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Optional, TypeVar
 
 from ...engine.config import ToMeConfig, require_all_blocks
+from ...engine.token_merge import ATTENTION_WORDS
 from . import dit as diffusers_dit
 from .unet import STATE_ATTR, check_partners, install, uninstall
 from ...catalogue.families import family_of_binding
@@ -35,6 +36,7 @@ def apply_patch(
     min_tokens: int = 0,
     block_start: Optional[float] = None,
     block_end: float = 1.0,
+    merge_attention: Optional[str] = None,
 ) -> Model:
     """Patch ``model`` in place with ToMe and return it (a drop-in for ``tomesd.apply_patch``).
 
@@ -50,6 +52,10 @@ def apply_patch(
     LTX-2).
     block_start/block_end pick the share of their blocks, in depth order, that is reduced (block_start None: the
     model's default, on Flux its single blocks); UNets refuse a range (max_downsample picks their levels).
+    merge_attention (DiT mode merge): how attention in a merged block weighs the merged keys: "plain" (each as one
+    token), "balanced" (the merged image keys together as the image's tokens against the text), "proportional"
+    (each as the tokens it holds, ToMe's prop_attn); None: the family's default (balanced on Qwen-Image, plain on
+    the others; docs/TRANSFORMERS.md).
     matching "level" (mode merge) matches each level once per model call instead of once per block.
     match_every N > 1 (UNets with matching "level", DiT merge) reuses a call's matching in the next N - 1
     calls of the same shape (off under torch.compile); diffusers marks no sampling run, so the count runs on
@@ -68,7 +74,7 @@ def apply_patch(
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, kv_downsample=kv_downsample,
         matching=matching, match_every=match_every, speed_check=speed_check, seed=seed,
         start_percent=start_percent, end_percent=end_percent, min_tokens=min_tokens,
-        block_start=block_start, block_end=block_end,
+        block_start=block_start, block_end=block_end, merge_attention=merge_attention,
     )
     return apply_config(model, config)
 
@@ -144,6 +150,8 @@ def describe(model: object) -> str:
         config = state.config
         what = "blocks carry merged image tokens" if config.mode == "merge" else "attentions reduced"
         head = f"ToMe {config.mode} r={config.ratio:g} on {type(dits[0]).__name__}: {len(state.modules)} {what}"
+        if config.mode == "merge":
+            head += f", {ATTENTION_WORDS[state.attention]}"
         if config.match_every > 1:
             head += f", each matching reused for {config.match_every} model calls"
         if config.speed_check == "off":

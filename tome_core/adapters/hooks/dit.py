@@ -10,7 +10,7 @@ or copied and no global is touched; removal takes the hooks and the state attrib
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -18,17 +18,13 @@ from torch.overrides import TorchFunctionMode
 
 from ...engine.blocks import chosen_blocks
 from ...engine.config import ToMeConfig, require_dit_config
-from ...engine.schedule import call_step
-from .call_memo import CallMemo
-from .call_timing import repeat_call
-from .unet import not_compiled
 from ...catalogue.diffusers_dits import (KeyInputs, family_of, find_dit, merging_families, supported_classes,
                                          unsupported_dit)
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
-from ...engine.kv_state import KVPatchState, call_label
+from ...engine.kv_state import KVPatchState
 from . import dit_merge
-from .dit_merge import STATE_ATTR
+from .dit_call import STATE_ATTR, DiTCallState, on_model_call
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
@@ -75,65 +71,33 @@ class _KVMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class DiTState(KVPatchState):
-    """Everything a patch keeps; lives on the transformer as ``_tome_dit`` (never in a global)."""
+class DiTState(DiTCallState):
+    """Everything a mode-kv patch keeps; lives on the transformer as ``_tome_dit`` (never in a global)."""
 
     def __init__(self, model: torch.nn.Module, config: ToMeConfig, modules: List[Tuple[str, torch.nn.Module, str]]):
-        super().__init__(config)
-        self.family = family_of(model)
+        super().__init__(model, config)
         self.modules = modules
-        self.handles: List[Any] = []
-        self.current: Optional[Dict[str, Tuple[TokenLayout, torch.Tensor]]] = None
         self.modes: Dict[int, _KVMode] = {}
-        self.memo = CallMemo()  # the family's reading of the last call (call_memo.py)
 
+    def read(self, model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
+        return self.family.layout(model, call)
 
-@not_compiled  # the host reads (step, Flux's ids) and the seeded picks stay out of torch.compile's graph
-def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    state: DiTState = model.__dict__[STATE_ATTR]
-    state.current = None
-    config = state.config
-    if not config.enabled:
-        return
-    spec = state.family.timestep
-    layout = state.memo.read(args, kwargs, (0, "hidden_states", spec.index, spec.name),
-                             lambda: state.family.layout(model, {"args": args, "kwargs": kwargs}))
-    if layout is None:
-        state.warn_once("layout", f"ToMe: {type(model).__name__}: could not place the image tokens of this call "
-                        "(e.g. reference-image tokens); attention left unreduced.")
-        return
-    if layout.grid_tokens < max(config.min_tokens, 2):
-        return
-    timestep = kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)
-    on, step = call_step(timestep, config, spec.progress)  # reads the step only for a user-set window
-    if not on:
-        return
-    window = dit_window(config.ratio, layout.grid, config.sx, config.sy)
-    if all(s == 1 for s in window):
-        return
-    device = next(model.parameters()).device
-    image = layout.image_only()
-    plan = state.current = {"joint": (layout, state.keep_for(layout, step, device)),
-                            "image": (image, state.keep_for(image, step, device))}
-    if config.speed_check != "off":
-        again = repeat_call(model, args, kwargs)
+    def placed(self, found: Optional[TokenLayout]) -> Optional[TokenLayout]:
+        if found is None:
+            self.warn_once("layout", f"ToMe: {self.model_name}: could not place the image tokens of this call "
+                           "(e.g. reference-image tokens); attention left unreduced.")
+            return None
+        return found if found.grid_tokens >= max(self.config.min_tokens, 2) else None
 
-        def run(reduced: bool) -> None:
-            state.current = plan if reduced else None
-            try:
-                again()
-            finally:
-                state.current = plan
-
-        batch = int(arg_tensor(args, kwargs).shape[0])
-        if not state.call_pays((type(model).__name__, layout, batch), call_label(layout.grid, batch),
-                               next(model.parameters()).dtype, device, run if again is not None else None):
-            state.current = None
-
-
-def arg_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
-    """The call's hidden states (its first argument)."""
-    return args[0] if args else kwargs["hidden_states"]
+    def planner(self, layout: TokenLayout, _: TokenLayout, step: Any,
+                device: torch.device) -> Optional[Callable[[bool], Any]]:
+        config = self.config
+        if all(s == 1 for s in dit_window(config.ratio, layout.grid, config.sx, config.sy)):
+            return None
+        image = layout.image_only()
+        plan = {"joint": (layout, self.keep_for(layout, step, device)),
+                "image": (image, self.keep_for(image, step, device))}
+        return lambda first: plan
 
 
 def _kept_key_inputs(keys: KeyInputs, layout: TokenLayout, keep: torch.Tensor, args: tuple,
@@ -245,7 +209,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[st
         return dit_merge.install(model, config, modules)
     _check_backends(model, modules)
     state = DiTState(model, config, modules)
-    state.handles.append(model.register_forward_pre_hook(_on_model_call, with_kwargs=True))
+    state.handles.append(model.register_forward_pre_hook(on_model_call, with_kwargs=True))
     for name, module, kind in modules:
         state.handles.append(module.register_forward_pre_hook(_enter(state, name, kind), with_kwargs=True))
         state.handles.append(module.register_forward_hook(_leave(state), always_call=True))

@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import inspect
 from functools import lru_cache
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from ...catalogue.diffusers_dits import family_of
 from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
-from ...engine.kv_state import KVPatchState, call_label
-from ...engine.schedule import call_step
-from ...engine.token_merge import GridMatch, TokenMerge, match_grid, merge_window
-from .call_memo import CallMemo
-from .call_timing import repeat_call
+from ...catalogue.families import family_of_binding
+from ...engine.token_merge import GridMatch, TokenMerge, biased_mask, key_bias, match_grid, merge_window
+from .dit_call import STATE_ATTR, DiTCallState, on_model_call
 from .host_caches import refuse_caches_inside
-from .unet import not_compiled
-
-STATE_ATTR = "_tome_dit"  # one attribute for both DiT modes: remove_patch and is_patched treat them alike
 
 
 class _Call:
@@ -44,6 +41,7 @@ class _Call:
         self.destinations: Optional[torch.Tensor] = None  # the step's seeded destinations (drawn before the call)
         self.merges: Dict[TokenLayout, TokenMerge] = {}
         self.rope: Dict[str, Any] = {}  # keyword -> the rotary table cut to the kept tokens
+        self.bias: Dict[Tuple[TokenLayout, int], Optional[torch.Tensor]] = {}  # (stream, keys) -> key_bias
 
     @property
     def merge(self) -> Optional[TokenMerge]:
@@ -56,72 +54,81 @@ class _Call:
         return self.merges[layout]
 
 
-class DiTMergeState(KVPatchState):
+class DiTMergeState(DiTCallState):
     """Everything a mode-merge patch keeps; lives on the transformer as ``_tome_dit`` (as mode kv's state)."""
 
     def __init__(self, model: torch.nn.Module, config: ToMeConfig, blocks: List[Tuple[str, torch.nn.Module]]):
-        super().__init__(config)
-        self.family = family_of(model)
+        super().__init__(model, config)
         self.blocks = blocks
         self.modules = blocks  # what describe() counts
-        self.handles: List[Any] = []
-        self.current: Optional[_Call] = None
-        self.pending: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
-        self.memo = CallMemo()  # the family's reading of the last call (call_memo.py)
+        self.pending: Dict[int, Tuple[torch.Tensor, torch.Tensor, TokenMerge]] = {}
+        self.attention = family_of_binding(self.family).attention_for(config)  # how merged keys are weighed
+        self.weighing: Optional[Tuple["_Call", TokenLayout, TokenMerge]] = None  # the merged block running, if biased
+        self.biasing: Dict[int, "_WeighedKeys"] = {}  # attention module -> its bias mode, while it runs
+
+    def clear(self) -> None:
+        self.current = None
+        self.pending.clear()
+        self.weighing = None
+
+    def before_call(self, model: torch.nn.Module) -> None:
+        refuse_caches(self.blocks)  # a cache added after apply_patch
+
+    def read(self, model: torch.nn.Module, call: dict) -> Any:
+        return self.family.read(model, call)
+
+    def placed(self, tokens: Any) -> Optional[TokenLayout]:
+        if tokens is None or len(tokens.grid) not in (2, 3) or min(tokens.grid) < 1:
+            self.warn_once("layout", f"ToMe: {self.model_name}: could not place the image tokens of this call; "
+                           "its blocks run whole.")
+            return None
+        stream = TokenLayout(tokens.grid, prefix=tokens.before, suffix=tokens.after)
+        return stream if stream.grid_tokens >= max(self.config.min_tokens, 4) else None
+
+    def planner(self, tokens: Any, stream: TokenLayout, step: Any,
+                device: torch.device) -> Optional[Callable[[bool], "_Call"]]:
+        config = self.config
+
+        def new_call(first: bool) -> _Call:
+            call = _Call(stream, tokens.text, step, text_last=self.family.text == "last")
+            call.reuse_key = (stream.grid, str(device))
+            if first and self.reuse.on:  # match_every: an earlier call's matching of this grid (no batch axis)
+                call.match = self.reuse.take(call.reuse_key)
+            # drawn here, outside any compiled block: the seeded destinations never reach traced code
+            call.destinations = self.destinations_for(stream.grid, merge_window(stream.grid, config.sx, config.sy),
+                                                      step, device)
+            return call
+
+        return new_call
 
 
-@not_compiled  # host reads (step, Flux's ids) and the seeded picks stay out of torch.compile's graph
-def _on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    state: DiTMergeState = model.__dict__[STATE_ATTR]
-    state.current = None
-    state.pending.clear()
-    config = state.config
-    if not config.enabled:
-        return
-    refuse_caches(state.blocks)  # a cache added after apply_patch
-    spec = state.family.timestep
-    tokens = state.memo.read(args, kwargs, (0, "hidden_states", spec.index, spec.name),
-                             lambda: state.family.read(model, {"args": args, "kwargs": kwargs}))
-    if tokens is None or len(tokens.grid) not in (2, 3) or min(tokens.grid) < 1:
-        state.warn_once("layout", f"ToMe: {type(model).__name__}: could not place the image tokens of this call; "
-                        "its blocks run whole.")
-        return
-    stream = TokenLayout(tokens.grid, prefix=tokens.before, suffix=tokens.after)
-    if stream.grid_tokens < max(config.min_tokens, 4):
-        return
-    timestep = kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)
-    on, step = call_step(timestep, config, spec.progress)  # reads the step only for a user-set window
-    if not on:
-        return
-    device = next(model.parameters()).device
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
-    def new_call(reuse: bool = False) -> _Call:
-        call = _Call(stream, tokens.text, step, text_last=state.family.text == "last")
-        call.reuse_key = (stream.grid, str(device))
-        if reuse:  # match_every: an earlier call's matching of this grid (GridMatch holds no batch axis)
-            call.match = state.reuse.take(call.reuse_key)
-        # drawn here, outside any compiled block: the seeded destinations never reach traced code
-        call.destinations = state.destinations_for(stream.grid, merge_window(stream.grid, config.sx, config.sy),
-                                                   step, device)
-        return call
 
-    state.current = new_call(state.reuse.on)
-    if config.speed_check != "off":
-        again = repeat_call(model, args, kwargs)
+class _WeighedKeys(TorchFunctionMode):
+    """Inside one attention of a merged block: every scaled_dot_product_attention whose keys are the merged stream
+    (alone, or with the text the block concatenates inside) gets the bias that weighs its merged keys
+    (``token_merge.key_bias``: "balanced" or "proportional"), added to its mask."""
 
-        def run(reduced: bool) -> None:
-            state.current = new_call() if reduced else None
-            state.pending.clear()
-            try:
-                again()
-            finally:
-                state.current = new_call()
-                state.pending.clear()
+    def __init__(self, call: "_Call", stream: TokenLayout, merge: TokenMerge, how: str, text_first: bool) -> None:
+        super().__init__()
+        self.call, self.stream, self.merge, self.how, self.text_first = call, stream, merge, how, text_first
 
-        batch = int((args[0] if args else kwargs["hidden_states"]).shape[0])
-        if not state.call_pays((type(model).__name__, stream, batch), call_label(stream.grid, batch),
-                               next(model.parameters()).dtype, device, run if again is not None else None):
-            state.current = None
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            bound = dict(zip(_SDPA_ARGS, args), **kwargs)
+            keys = bound["key"].shape[-2]
+            cached = (self.stream, keys)  # one bias per stream and key count in a call
+            if cached not in self.call.bias:
+                self.call.bias[cached] = key_bias(self.merge, self.stream, keys, self.call.text, self.text_first,
+                                                  self.how)
+            bias = self.call.bias[cached]
+            if bias is not None:
+                query = bound["query"]
+                bound["attn_mask"] = biased_mask(bound.get("attn_mask"), bias, query.dtype, query.ndim)
+                return func(**bound)
+        return func(*args, **kwargs)
 
 
 @lru_cache(maxsize=None)
@@ -189,6 +196,9 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
             if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == merge.length:
                 named[key] = merge.take(value, 1)
         state.pending[id(module)] = (hidden, merged, merge)
+        if state.attention == "proportional" or state.attention == "balanced" and (
+                stream.prefix + stream.suffix > 0 or not joint and call.text > 0 and state.family.text != "separate"):
+            state.weighing = (call, stream, merge)  # balanced: only where keys carried whole sit beside the grid
         if not torch.compiler.is_compiling():  # a diagnostic count; in traced code an int guard, a recompile
             state.reduced_calls += 1
         return (), named
@@ -197,8 +207,9 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
 
 def _leave(state: DiTMergeState, joint: bool):
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        state.weighing = None
         held = state.pending.pop(id(module), None)
-        if held is None or state.current is None:
+        if held is None or state.current is None or output is None:  # None: the block raised (always_call)
             return None
         hidden, merged, merge = held
         inputs = state.family.merge
@@ -208,6 +219,26 @@ def _leave(state: DiTMergeState, joint: bool):
         out = list(output)
         out[at] = merge.unmerge_update(hidden, merged, out[at])
         return tuple(out)
+    return hook
+
+
+def _weigh(state: DiTMergeState):
+    """Pre-hook of an attention module inside a merged block: its scaled_dot_product_attention calls get the bias
+    (``_WeighedKeys``, entered for this module's forward only, so it sees the attention's few ops, not the block's)."""
+    def pre_hook(module: torch.nn.Module, args: tuple) -> None:
+        if state.weighing is not None:
+            call, stream, merge = state.weighing
+            mode = _WeighedKeys(call, stream, merge, state.attention, state.family.text != "last")
+            mode.__enter__()
+            state.biasing[id(module)] = mode
+    return pre_hook
+
+
+def _unweigh(state: DiTMergeState):
+    def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
+        mode = state.biasing.pop(id(module), None)
+        if mode is not None:
+            mode.__exit__(None, None, None)
     return hook
 
 
@@ -233,11 +264,16 @@ def install(model: torch.nn.Module, config: ToMeConfig,
     if config.enabled:
         refuse_caches(blocks)
     state = DiTMergeState(model, config, blocks)
-    state.handles.append(model.register_forward_pre_hook(_on_model_call, with_kwargs=True))
+    state.handles.append(model.register_forward_pre_hook(on_model_call, with_kwargs=True))
     joint_lists = state.family.merge.joint
     for name, block in blocks:
         joint = name.split(".", 1)[0] in joint_lists
         state.handles.append(block.register_forward_pre_hook(_enter(state, name, joint), with_kwargs=True))
-        state.handles.append(block.register_forward_hook(_leave(state, joint), with_kwargs=True))
+        state.handles.append(block.register_forward_hook(_leave(state, joint), with_kwargs=True, always_call=True))
+        if state.attention == "plain":
+            continue
+        for attention in (m for m in block.modules() if m is not block and hasattr(m, "processor")):
+            state.handles.append(attention.register_forward_pre_hook(_weigh(state)))  # diffusers' attentions
+            state.handles.append(attention.register_forward_hook(_unweigh(state), always_call=True))
     model.__dict__[STATE_ATTR] = state
     return state

@@ -22,15 +22,13 @@ from ...engine.schedule import SigmaWindow, sigma_value, step_signal
 from ...catalogue.comfy_dits import (ComfyDiT, base_model, block_offsets, default_start, family_of, grid_last,
                                     merging_names, supported_names, unreached)
 from .layout import ambiguous_lengths, refuse_unplaceable, token_layout
-from .reach import unreached_error
+from .dit_call import OVERRIDE, DiTCallPatch
 from .reports import ReportBasis, agrees, host_report, report_basis, reported_layout
 from ...catalogue.families import ModelFamily, family_of_binding
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
-from ...engine.kv_state import KVPatchState, call_label
 from . import dit_merge
 
-OVERRIDE = "optimized_attention_override"
 WRAPPER_KEY = "tome_dit_kv"
 APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 
@@ -249,8 +247,23 @@ def _probe(reached: List[bool], previous: Optional[Callable]) -> Callable:
     return tome_reach_probe
 
 
-class DiTKVPatch(KVPatchState):
-    """The state of one patched clone: config, sigma window, block choice and the per-step kept indices."""
+class _Probe:
+    """The plan of a call ToMe leaves whole while it checks that ComfyUI's attention reaches the override."""
+
+    def __init__(self) -> None:
+        self.reached = [False]
+
+
+class DiTKVPatch(DiTCallPatch):
+    """The state of one patched clone: config, sigma window, block choice and the per-step kept indices.
+
+    Its APPLY_MODEL wrapper (``DiTCallPatch.apply_model_wrapper``) sets our attention override for each call only and
+    restores what was there afterwards. The first model call (which no step cache skips) checks that ComfyUI's
+    attention reaches the override at all, reducing or not (a call outside the schedule gets a pass-through probe):
+    where none does, a node runs the model's blocks itself and the prompt stops (``reach.unreached_error``), on every
+    run until one goes."""
+
+    MODE, PATCHED = "kv", "attention"
 
     def __init__(self, config: ToMeConfig, window: SigmaWindow, family: ComfyDiT,
                  blocks: Optional[Tuple[bool, ...]] = None, block_offsets: Optional[Dict[str, int]] = None,
@@ -262,7 +275,6 @@ class DiTKVPatch(KVPatchState):
         self.block_offsets = block_offsets or {}
         self.image_only_attention = image_only_attention  # SD3.5's MMDiT-X x_block self-attention
         self.grid_last = grid_last  # [text, references, grid] (HunyuanVideo on ComfyUI 0.13+): the rest precedes it
-        self.reach_checked = False  # whether a model call has shown that its attention reaches the override
 
     def reducible(self, layout: TokenLayout) -> bool:
         """Whether the config reduces a grid of this layout (enough tokens, a window larger than one token)."""
@@ -294,52 +306,25 @@ class DiTKVPatch(KVPatchState):
 
         return tome_kv_override
 
-    def apply_model_wrapper(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None,
-                            c_crossattn: Any = None, control: Any = None, transformer_options: Optional[dict] = None,
-                            **kwargs: Any) -> Any:
-        """APPLY_MODEL wrapper: set our override for this call only, restore what was there afterwards.
-
-        The first model call (which no step cache skips) checks that ComfyUI's attention reaches the override at
-        all, reducing or not (a call outside the schedule gets a pass-through probe): where none does, a node runs
-        the model's blocks itself and the prompt stops (``reach.unreached_error``), on every run until one goes."""
-        options = transformer_options if transformer_options is not None else {}
-        plan = self._plan(executor.class_obj, x, t, c_crossattn, kwargs, options)
-        if plan is not None and self.config.speed_check != "off":
-            def run(reduced: bool) -> None:
-                had, previous = OVERRIDE in options, options.get(OVERRIDE)
-                if reduced:
-                    options[OVERRIDE] = self.override(plan, previous)
-                try:
-                    with torch.no_grad():
-                        executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
-                finally:
-                    if had:
-                        options[OVERRIDE] = previous
-                    else:
-                        options.pop(OVERRIDE, None)
-
-            batch = int(x.shape[0])
-            if not self.call_pays((type(executor.class_obj).__name__, plan.layout, batch),
-                                  call_label(plan.layout.grid, batch), x.dtype, x.device, run):
-                plan = None
-        probing = plan is None and self.config.enabled and not self.reach_checked
-        if plan is None and not probing:
-            return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+    def _install(self, options: dict, plan: Any) -> Callable[[], None]:
+        """For this call only: our override (or, probing, a pass-through that records the reach) chaining the one
+        there before; the returned function puts back what was there."""
         had, previous = OVERRIDE in options, options.get(OVERRIDE)
-        reached = plan.reached if plan is not None else [False]
-        options[OVERRIDE] = self.override(plan, previous) if plan is not None else _probe(reached, previous)
-        try:
-            out = executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
-        finally:
+        options[OVERRIDE] = _probe(plan.reached, previous) if isinstance(plan, _Probe) else \
+            self.override(plan, previous)
+
+        def remove() -> None:
             if had:
                 options[OVERRIDE] = previous
             else:
                 options.pop(OVERRIDE, None)
-        if not self.reach_checked:
-            if not reached[0]:
-                raise unreached_error(executor.class_obj.diffusion_model, "kv", "attention")
-            self.reach_checked = True
-        return out
+        return remove
+
+    def _probe(self) -> "_Probe":
+        return _Probe()
+
+    def _reached(self, plan: Any) -> bool:
+        return plan.reached[0]
 
     def _plan(self, base_model: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
               options: dict) -> Optional[CallPlan]:

@@ -21,13 +21,14 @@ import torch
 from ...catalogue.comfy_dits import ComfyDiT, base_model
 from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
-from ...engine.kv_state import KVPatchState, call_label
 from ...engine.schedule import SigmaWindow, sigma_value, step_signal
-from ...engine.token_merge import GridMatch, TokenMerge, match_grid, merge_window
+from ...catalogue.families import family_of_binding
+from ...engine.token_merge import GridMatch, TokenMerge, biased_mask, key_bias, match_grid, merge_window
+from .dit_call import OVERRIDE, DiTCallPatch
 from .layout import refuse_unplaceable, token_layout
-from .reach import unreached_error
 
 CALL_KEY = "tome_merge_call"  # transformer_options key of the running model call's _MergeCall
+WEIGH_KEY = "tome_weighed_keys"  # a merged block's transformer_options: (stream, merge, text, previous override)
 
 
 class _MergeCall:
@@ -45,6 +46,7 @@ class _MergeCall:
         self.destinations: Optional[torch.Tensor] = None  # the step's seeded destinations (drawn before the call)
         self.merges: Dict[TokenLayout, TokenMerge] = {}
         self.pe: Dict[Any, Tuple[Any, Any]] = {}  # the cut rotary tables and per-token inputs, by input (and stream)
+        self.bias: Dict[Tuple[TokenLayout, int], Optional[torch.Tensor]] = {}  # (stream, keys) -> key_bias
         self.reached = False
 
     def merge_on(self, layout: TokenLayout) -> TokenMerge:
@@ -53,57 +55,45 @@ class _MergeCall:
         return self.merges[layout]
 
 
-class DiTMergePatch(KVPatchState):
-    """The state of one clone patched in mode merge: config, sigma window, family and the blocks it covers."""
+class DiTMergePatch(DiTCallPatch):
+    """The state of one clone patched in mode merge: config, sigma window, family and the blocks it covers.
+
+    Its APPLY_MODEL wrapper (``DiTCallPatch.apply_model_wrapper``) puts each call's ``_MergeCall`` in that call's
+    transformer_options; a first call (which no step cache skips; outside the schedule a probe) that no block patch
+    reached stops the prompt (a node that replaced the model's forward would otherwise drop ToMe silently)."""
+
+    MODE, PATCHED = "merge", "block"
 
     def __init__(self, config: ToMeConfig, window: SigmaWindow, family: ComfyDiT,
                  blocks: List[Tuple[str, int]]) -> None:
         super().__init__(config)
         self.window, self.family, self.blocks = window, family, blocks
-        self.reach_checked = False
+        self.attention = family_of_binding(family).attention_for(config)  # how merged keys are weighed
         self.last_call: Optional[_MergeCall] = None  # the latest reduced model call (for tests and diagnostics)
 
-    def apply_model_wrapper(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None,
-                            c_crossattn: Any = None, control: Any = None, transformer_options: Optional[dict] = None,
-                            **kwargs: Any) -> Any:
-        """APPLY_MODEL wrapper: this call's plan in its transformer_options; a first call (which no step cache
-        skips; outside the schedule a probe) that no block patch reached stops the prompt (a node that replaced the
-        model's forward would otherwise drop ToMe silently)."""
-        options = transformer_options if transformer_options is not None else {}
-        call = self._plan(executor.class_obj, x, t, c_crossattn, kwargs)
+    def _plan(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
+              options: dict) -> Optional[_MergeCall]:
+        call = self._new_call(base, x, t, context, extra)
         if call is not None and self.reuse.on:  # match_every: an earlier call's matching, never the last run's
             self.reuse.restart_on(options.get("sample_sigmas"))
             call.match = self.reuse.take(call.reuse_key)
-        if call is not None and self.config.speed_check != "off":
-            def run(reduced: bool) -> None:
-                if reduced:
-                    options[CALL_KEY] = self._plan(executor.class_obj, x, t, c_crossattn, kwargs)
-                try:
-                    with torch.no_grad():
-                        executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
-                finally:
-                    options.pop(CALL_KEY, None)
+        return call
 
-            batch = int(x.shape[0])
-            if not self.call_pays((type(executor.class_obj).__name__, call.layout, batch),
-                                  call_label(call.layout.grid, batch), x.dtype, x.device, run):
-                call = None
-        if call is None and (self.reach_checked or not self.config.enabled):
-            return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
-        if call is None:  # the first call, outside the schedule: only check that the block patches are reached
-            call = _MergeCall(None, 0.0, probe=True)
+    def _again(self, plan: _MergeCall, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
+               options: dict) -> Optional[_MergeCall]:
+        return self._new_call(base, x, t, context, extra)
+
+    def _install(self, options: dict, call: Optional[_MergeCall]) -> Callable[[], None]:
         options[CALL_KEY] = self.last_call = call
-        try:
-            out = executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
-        finally:
-            options.pop(CALL_KEY, None)
-        if not self.reach_checked:  # the first reduced call only: a step cache may skip later ones whole
-            if not call.reached:  # checked again on the next run: the prompt fails until one of the two goes
-                raise unreached_error(executor.class_obj.diffusion_model, "merge", "block")
-            self.reach_checked = True
-        return out
+        return lambda: options.pop(CALL_KEY, None)
 
-    def _plan(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict) -> Optional[_MergeCall]:
+    def _probe(self) -> _MergeCall:
+        return _MergeCall(None, 0.0, probe=True)
+
+    def _reached(self, call: _MergeCall) -> bool:
+        return call.reached
+
+    def _new_call(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict) -> Optional[_MergeCall]:
         config = self.config
         if not config.enabled:
             return None
@@ -205,20 +195,73 @@ class DiTMergePatch(KVPatchState):
             pe = args.get(key)
             if pe is None:
                 continue
-            if id(pe) not in call.pe:
-                call.pe[id(pe)] = (pe, _cut_table(pe, call.merge_on(joint_layout), spec.pe_axis))
-            out[key] = call.pe[id(pe)][1]
+            # one cut per input and stream per call: the model builds its rotary table once per call and hands every
+            # block the same one (keyed by name, not by the table's id: under torch.compile an id is a guard that
+            # fails at every call, a recompile per step)
+            cut = (key, joint_layout)
+            if cut not in call.pe:
+                call.pe[cut] = (pe, _cut_table(pe, call.merge_on(joint_layout), spec.pe_axis))
+            out[key] = call.pe[cut][1]
         for key in spec.per_token:  # Wan 2.2 ti2v: a timestep per token; LTX-2's per-token (or per-frame) timesteps
             value = args.get(key)
             if value is None:
                 continue
-            cut = (id(value), merge.length)  # one cut per input and stream per call
+            cut = (key, merge.length)  # one cut per input and stream per call (by name, as the rotary table)
             if cut not in call.pe:
                 call.pe[cut] = (value, _cut_per_token(value, merge))
             out[key] = call.pe[cut][1]
+        if self.attention != "plain":
+            self._weigh_keys(call, out, stream, merge, text)
         if not torch.compiler.is_compiling():
             self.reduced_calls += 1
         return out
+
+    def _weigh_keys(self, call: _MergeCall, args: dict, stream: TokenLayout, merge: TokenMerge, text: int) -> None:
+        """The merged keys weighed inside this block (``token_merge.key_bias``): its transformer_options (a copy) get
+        ``weighed_attention`` as the attention override, chaining the override there before, and what it needs under
+        ``WEIGH_KEY``."""
+        options = args.get("transformer_options")
+        if not isinstance(options, dict):
+            self.warn_once("weigh", f"ToMe: a {self.family.name} block was called without transformer_options; its "
+                           f"merged keys are attended to as one token each ({self.attention} attention needs them).")
+            return
+        args["transformer_options"] = dict(options, **{OVERRIDE: self.weighed_attention,
+                                                       WEIGH_KEY: (stream, merge, text, options.get(OVERRIDE))})
+
+    def weighed_attention(self, func: Callable, *args: Any, **kwargs: Any) -> Any:
+        """The attention override of a merged block: ``key_bias`` added to the mask of an attention whose keys are the
+        merged stream (with the text before it where the block's attention prepends it). One bound method for every
+        block and call, reading the block's merge from its transformer_options, so torch.compile guards on no
+        per-call object (a closure per block would recompile at every call)."""
+        options = kwargs.get("transformer_options") or {}
+        stream, merge, text, previous = options[WEIGH_KEY]
+        call: _MergeCall = options[CALL_KEY]
+        args = list(args)
+        q, k = (args[0], args[1]) if len(args) >= 3 else (kwargs.get("q"), kwargs.get("k"))
+        keys = k.shape[2 if kwargs.get("skip_reshape", False) else 1] if isinstance(k, torch.Tensor) else -1
+        cached = (stream, keys)  # one bias per stream and key count in a call
+        if cached not in call.bias:
+            call.bias[cached] = key_bias(merge, stream, keys, text, how=self.attention)
+        bias = call.bias[cached]
+        name = getattr(func, "__name__", "")
+        if bias is not None and name not in _TAKE_A_MASK:
+            self.warn_once(f"mask:{name}", f"ToMe: {self.attention} attention adds a mask, which {name or func} does "
+                           "not take; the merged keys are attended to as one token each there (PyTorch, xformers, "
+                           "split and sub-quadratic attention take it).")
+            bias = None
+        if bias is not None:
+            positional = len(args) >= 5
+            mask = biased_mask(args[4] if positional else kwargs.get("mask"), bias, q.dtype, 2)
+            if positional:
+                args[4] = mask
+            else:
+                kwargs["mask"] = mask
+        return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
+
+
+# ComfyUI's attention functions that take an additive float mask; the others (sage, flash) fall back to PyTorch's
+# with an error message per call when given one, so they get no bias (warned once)
+_TAKE_A_MASK = ("attention_pytorch", "attention_basic", "attention_split", "attention_sub_quad", "attention_xformers")
 
 
 def _cut_table(pe: Any, merge: TokenMerge, axis: int) -> Any:
@@ -270,7 +313,8 @@ def _merged_forward(self: torch.nn.Module, x: torch.Tensor, x_mask: Any, freqs_c
         return previous(x, x_mask, freqs_cis, adaln_input, *args, transformer_options=options, **kwargs)
 
     def original(a: dict) -> dict:
-        return {"img": previous(a["img"], a["attn_mask"], a["pe"], a["vec"], transformer_options=options, **kwargs)}
+        return {"img": previous(a["img"], a["attn_mask"], a["pe"], a["vec"],
+                                transformer_options=a.get("transformer_options", options), **kwargs)}
 
     args_in = {"img": x, "attn_mask": x_mask, "pe": freqs_cis, "vec": adaln_input, "transformer_options": options}
     return self.__dict__["_tome_patch"](args_in, {"original_block": original, "transformer_options": options})["img"]

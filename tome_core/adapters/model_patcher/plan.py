@@ -51,7 +51,8 @@ def plan_patch(patcher: Any, config: ToMeConfig) -> PatchPlan:
     kv_window = window_for_dims(config.ratio, family.grid_dims, config.sx, config.sy) if config.mode == "kv" else ()
     description = dict(config.as_dict(), kind="dit", base_downsample=1, model_type=model_type, family=family.name,
                        title=family.title, kv_window=list(kv_window),
-                       blocks=[count if chosen is None else sum(chosen), count])
+                       blocks=[count if chosen is None else sum(chosen), count],
+                       merge_attention=family.attention_for(config) if config.mode == "merge" else None)
     return PatchPlan("dit", description, lambda: patch_dit_model_patcher(patcher, config))
 
 
