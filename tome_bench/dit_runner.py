@@ -24,7 +24,8 @@ from .family import Case
 DIT_FAMILIES = dit_models.DIT_FAMILIES
 VIDEO_FAMILIES = dit_models.VIDEO_FAMILIES
 DIT_METHODS = ("vanilla", "kv")  # the default; merge where the family has it (--methods ...,merge)
-DIT_ALLOWED = DIT_METHODS + ("merge",)
+MERGE_METHODS = ("merge", "merge-plain", "merge-bal", "merge-prop")  # the family's merge attention, then each one
+DIT_ALLOWED = DIT_METHODS + MERGE_METHODS
 _NOT_FOR_DITS = "DiTs (Flux, SD3, Wan, Z-Image, Qwen-Image, LTX-2) take mode kv, and mode merge where it reaches them"
 SKIPPED = {"merge": "not in the DiT default (kv is the reference every family has); it reaches "
                     f"{merging_families()}: --methods vanilla,kv,merge",
@@ -57,7 +58,7 @@ def check_config(cfg, method_names: tuple[str, ...]) -> None:
         raise ValueError(f"methods: {', '.join(bad)} not available for DiT families ({', '.join(dits)}): "
                          f"{_NOT_FOR_DITS}; use --methods vanilla,kv (their default)")
     unmerged = [f for f in dits if "merge" not in methods_for(f)]
-    if any(m.split("@")[0] == "merge" for m in method_names) and unmerged:
+    if any(m.split("@")[0] in MERGE_METHODS for m in method_names) and unmerged:
         raise ValueError(f"methods: merge does not reach {', '.join(unmerged)} yet (mode merge on DiTs: "
                          f"{merging_families()}); run those with --methods vanilla,kv")
     if cfg.blocks < 1:

@@ -12,7 +12,8 @@ from typing import Iterator
 
 import torch
 
-METHODS = ("vanilla", "merge", "merge-level", "merge-auto", "merge-reuse", "kv", "kv-avg", "tomesd")
+METHODS = ("vanilla", "merge", "merge-level", "merge-auto", "merge-reuse", "merge-plain", "merge-bal", "merge-prop", "kv",
+           "kv-avg", "tomesd")
 DEFAULT_METHODS = ("vanilla", "merge", "kv", "tomesd")
 # tome_core.apply_patch options of this project's methods
 OUR_METHODS = {"merge": {"mode": "merge"}, "merge-level": {"mode": "merge", "matching": "level"},
@@ -20,17 +21,26 @@ OUR_METHODS = {"merge": {"mode": "merge"}, "merge-level": {"mode": "merge", "mat
                "merge-auto": {"mode": "merge", "matching": "level", "speed_check": "auto"},
                # level matching kept for 3 model calls (match_every): what reusing the matching saves per call
                "merge-reuse": {"mode": "merge", "matching": "level", "match_every": 3},
+               # DiT merge with each way of weighing the merged keys (token_merge.key_bias); "merge" is the family's
+               "merge-plain": {"mode": "merge", "merge_attention": "plain"},
+               "merge-bal": {"mode": "merge", "merge_attention": "balanced"},
+               "merge-prop": {"mode": "merge", "merge_attention": "proportional"},
                "kv": {"mode": "kv"}, "kv-avg": {"mode": "kv", "kv_downsample": "avg"}}
 # what each method name means, for the report
 DESCRIPTIONS = {
     "vanilla": "unpatched UNet",
-    "merge": "tome_core.apply_patch(mode='merge')",
+    "merge": "tome_core.apply_patch(mode='merge') (DiTs: the family's merge attention)",
     "merge-level": "tome_core.apply_patch(mode='merge', matching='level'): one matching per level and call",
     "merge-auto": "tome_core.apply_patch(mode='merge', matching='level', speed_check='auto'): the ComfyUI/WebUI "
                   "default; on a GPU a level measured slower is left whole",
     "merge-reuse": "tome_core.apply_patch(mode='merge', matching='level', match_every=3): two calls in three reuse "
                    "the matching (its error column is a matching call's; the error of reuse across steps: "
                    "python -m tome_bench.experiments.matching_reuse)",
+    "merge-plain": "tome_core.apply_patch(mode='merge', merge_attention='plain'): DiTs, each merged key as one token",
+    "merge-bal": "tome_core.apply_patch(mode='merge', merge_attention='balanced'): DiTs, the merged image keys weigh "
+                 "as the image's tokens against the text",
+    "merge-prop": "tome_core.apply_patch(mode='merge', merge_attention='proportional'): DiTs, each merged key weighs as "
+                  "the tokens it holds",
     "kv": "tome_core.apply_patch(mode='kv')",
     "kv-avg": "tome_core.apply_patch(mode='kv', kv_downsample='avg')",
     "tomesd": "tomesd.apply_patch (reference package)",

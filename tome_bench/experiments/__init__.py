@@ -12,6 +12,8 @@ to ``docs/results/<name>.json`` there, else to the current folder):
 - ``speed_check_accuracy``: the speed check's verdict against the bench's steady ratio, per case.
 - ``dit_merge_error``: DiT merge's error at equal token counts: matching features, video windows, block ranges, noise levels.
 - ``matching_reuse``: the error and the work of keeping a merge's matching for N model calls (``match_every``).
+- ``merged_token_use``: how a merged token is used and chosen on DiTs, at equal tokens: proportional and balanced
+  attention, soft merge/unmerge, medoid destinations (``tome_bench.merge_variants``), noise and photo.
 """
 from pathlib import Path
 
