@@ -91,4 +91,4 @@ def test_the_template_browser_lists_the_ui_examples(http):
         pytest.skip("this ComfyUI has no /workflow_templates route (added in 2025)")
     assert sorted(http["templates"]["tome-diffusion"]) == [
         "ToMe_Flux1_dev", "ToMe_LTX2_t2v", "ToMe_Qwen_Image", "ToMe_SD15_advanced", "ToMe_SD15_basic",
-        "ToMe_SD15_compare", "ToMe_Wan22_5B_t2v", "ToMe_Z_Image_Turbo"]
+        "ToMe_SD15_compare", "ToMe_Wan22_5B_t2v", "ToMe_WanVideoWrapper_T2V", "ToMe_Z_Image_Turbo"]
