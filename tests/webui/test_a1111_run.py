@@ -141,7 +141,9 @@ def test_parity_with_tomesd_on_the_same_ldm_model(script, host, sd_model, refere
         script.postprocess(p, None, *p.script_args)
         plain, _ = same_output(reference, reference)
         assert not torch.equal(ours, plain)
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+        # the README's bound, 1e-5: the two packages sum in different orders, and on some CPUs (an AMD EPYC here,
+        # at 5c98792 already) two of 2048 values near zero differ by 1.3e-6
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
 def test_only_the_first_attention_level_is_merged_at_max_downsample_1(script, host, sd_model):
