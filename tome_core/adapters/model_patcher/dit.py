@@ -18,10 +18,10 @@ import torch
 
 from ...engine.config import ToMeConfig, require_dit_config
 from ...engine.blocks import chosen_blocks
-from ...engine.schedule import SigmaWindow, sigma_value, step_signal
+from ...engine.schedule import SigmaWindow
 from ...catalogue.comfy_dits import (ComfyDiT, base_model, block_offsets, default_start, family_of, grid_last,
                                     merging_names, supported_names, unreached)
-from .layout import ambiguous_lengths, refuse_unplaceable, token_layout
+from .layout import ambiguous_lengths
 from .dit_call import OVERRIDE, DiTCallPatch
 from .reports import ReportBasis, agrees, host_report, report_basis, reported_layout
 from ...catalogue.families import ModelFamily, family_of_binding
@@ -328,21 +328,12 @@ class DiTKVPatch(DiTCallPatch):
 
     def _plan(self, base_model: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
               options: dict) -> Optional[CallPlan]:
-        config = self.config
-        if not config.enabled:
+        found = self._read_call(base_model, x, t, context, extra)
+        if found is None:
             return None
-        context = context if isinstance(context, torch.Tensor) else None
+        layout, sigma = found
         diffusion_model = base_model.diffusion_model
-        refuse_unplaceable(diffusion_model, extra)
-        layout = token_layout(diffusion_model, x, context, extra)
-        if layout is None or not self.reducible(layout):
-            return None
-        if self.window != SigmaWindow():  # a window: the one host read of a model call
-            sigma = sigma_value(t)
-            if not self.window.contains(sigma):
-                return None
-        else:
-            sigma = step_signal(t)  # the seeded picks are drawn on the sigma's device: no host read
+        context = context if isinstance(context, torch.Tensor) else None
         ambiguous = ambiguous_lengths(diffusion_model, context, extra)
         if layout.length in ambiguous:
             self.warn_once("ambiguous", f"ToMe: {layout.grid_tokens} video tokens equal the length of the text or of "

@@ -9,11 +9,14 @@ skips; outside the schedule, a probe that reduces nothing) must reach the mode's
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
+from ...engine.grid import TokenLayout
 from ...engine.kv_state import KVPatchState, call_label
+from ...engine.schedule import SigmaWindow, sigma_value, step_signal
+from .layout import refuse_unplaceable, token_layout
 from .reach import unreached_error
 
 OVERRIDE = "optimized_attention_override"  # ComfyUI (0.3.6x+) calls it around every optimized_attention
@@ -26,6 +29,27 @@ class DiTCallPatch(KVPatchState):
     MODE = ""
     PATCHED = ""
     reach_checked = False  # whether a model call has shown that it reaches the mode's patches
+    window = SigmaWindow()  # the schedule's sigma window (the patch's, from start_percent/end_percent)
+
+    def reducible(self, layout: TokenLayout) -> bool:
+        """Whether the mode reduces a call of this layout (enough tokens; kv: a window larger than one token)."""
+        raise NotImplementedError
+
+    def _read_call(self, base: Any, x: torch.Tensor, t: Any, context: Any,
+                   extra: dict) -> Optional[Tuple[TokenLayout, Any]]:
+        """(layout, step signal) of a model call the mode reduces, or None: the call's layout from the latent, the
+        text and the keywords (refusing tokens it cannot place), and the sigma, read on the host only where a step
+        window is set (else a device signal: the seeded picks are drawn on the sigma's device, no host read)."""
+        if not self.config.enabled:
+            return None
+        refuse_unplaceable(base.diffusion_model, extra)
+        layout = token_layout(base.diffusion_model, x, context if isinstance(context, torch.Tensor) else None, extra)
+        if layout is None or not self.reducible(layout):
+            return None
+        if self.window != SigmaWindow():  # a window: the one host read of a model call
+            sigma = sigma_value(t)
+            return (layout, sigma) if self.window.contains(sigma) else None
+        return layout, step_signal(t)
 
     def _plan(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict, options: dict) -> Any:
         """The call's plan, or None: leave it whole."""

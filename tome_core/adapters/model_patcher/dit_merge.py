@@ -21,11 +21,10 @@ import torch
 from ...catalogue.comfy_dits import ComfyDiT, base_model
 from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
-from ...engine.schedule import SigmaWindow, sigma_value, step_signal
+from ...engine.schedule import SigmaWindow
 from ...catalogue.families import family_of_binding
 from ...engine.token_merge import GridMatch, TokenMerge, biased_mask, key_bias, match_grid, merge_window
 from .dit_call import OVERRIDE, DiTCallPatch
-from .layout import refuse_unplaceable, token_layout
 
 CALL_KEY = "tome_merge_call"  # transformer_options key of the running model call's _MergeCall
 WEIGH_KEY = "tome_weighed_keys"  # a merged block's transformer_options: (stream, merge, text, previous override)
@@ -93,21 +92,15 @@ class DiTMergePatch(DiTCallPatch):
     def _reached(self, call: _MergeCall) -> bool:
         return call.reached
 
+    def reducible(self, layout: TokenLayout) -> bool:
+        return layout.grid_tokens >= max(self.config.min_tokens, 4)
+
     def _new_call(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict) -> Optional[_MergeCall]:
+        found = self._read_call(base, x, t, context, extra)
+        if found is None:
+            return None
+        layout, sigma = found
         config = self.config
-        if not config.enabled:
-            return None
-        context = context if isinstance(context, torch.Tensor) else None
-        refuse_unplaceable(base.diffusion_model, extra)
-        layout = token_layout(base.diffusion_model, x, context, extra)
-        if layout is None or layout.grid_tokens < max(config.min_tokens, 4):
-            return None
-        if self.window != SigmaWindow():  # a window: the one host read of a model call
-            sigma = sigma_value(t)
-            if not self.window.contains(sigma):
-                return None
-        else:
-            sigma = step_signal(t)  # the seeded destinations are drawn on the sigma's device: no host read
         model = base_model(base.diffusion_model)
         params = getattr(model, "params", None)  # Flux keeps it in its params, Qwen-Image on the model
         method = extra.get("ref_latents_method", getattr(model, "default_ref_method",
