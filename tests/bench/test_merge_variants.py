@@ -105,3 +105,22 @@ def test_every_variant_carries_the_same_tokens_and_ratio_zero_is_the_identity(fa
     for variant in ("prop+soft+medoid", "bal"):
         out, removed = exp.patched_forward(model, inputs, variant, 0.0)
         assert removed == 0 and torch.equal(out, reference)
+
+
+def test_the_docs_tables_are_the_jsons():
+    """The README's, TRANSFORMERS.md's and CONTENT.md's merged-token tables are written from the results JSON
+    (``python -m tome_bench.experiments.merged_token_use --docs``), and a changed figure shows."""
+    from pathlib import Path
+
+    from tome_bench.experiments import merged_token_use as exp
+
+    repo = Path(__file__).resolve().parent.parent.parent
+    result = json.loads((repo / "docs" / "results" / "merged_token_use_cpu.json").read_text())
+    assert {"errors", "ops", "yardstick"} <= set(result) and result["device"].startswith("cpu")
+    for name in exp.DOCS:
+        text = (repo / name).read_text(encoding="utf-8")
+        assert exp.BLOCK.search(text), name
+        assert exp.rewrite(text, result) == text, f"{name}: python -m tome_bench.experiments.merged_token_use --docs"
+    changed = dict(result, errors=[dict(r, err=r["err"] + 0.1) for r in result["errors"]])
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    assert exp.rewrite(readme, changed) != readme

@@ -219,14 +219,17 @@ def default_variant(family: str) -> str:
 
 
 def defaults_table(result: dict) -> str:
-    """Markdown: each family's default (merge r=0.5 with its merge attention) at its native size against the
-    yardstick (tomesd r=0.5 on SD1.5 1024², ``result["yardstick"]``), on noise / on the photo."""
+    """Markdown: each family's mode merge r=0.5 with its merge attention (its default where the family's default mode
+    is merge) at its native size against the yardstick (tomesd r=0.5 on SD1.5 1024², ``result["yardstick"]``), on
+    noise / on the photo."""
     yard = result["yardstick"]
     cells: Dict[tuple, Dict[str, float]] = {}
     for r in result.get("errors", []):
         cells.setdefault((r["family"], r["size"], r["ratio"], r["variant"]), {})[r["content"]] = r["err"]
-    out = ["| family, native size | default | noise / photo | yardstick noise / photo | at or under it? |",
-           "| --- | --- | ---: | ---: | --- |"]
+    from tome_core.catalogue.families import BY_NAME
+
+    out = ["| family, native size | mode merge as the family runs it | noise / photo | yardstick noise / photo "
+           "| at or under it? |", "| --- | --- | ---: | ---: | --- |"]
     for family in FAMILIES:
         variant, size = default_variant(family), _size(NATIVE[family])
         cell = cells.get((family, size, 0.5, variant), {})
@@ -234,6 +237,8 @@ def defaults_table(result: dict) -> str:
             continue
         verdict = " / ".join("yes" if cell[k] <= yard[k] else f"no (+{cell[k] - yard[k]:.2f})" for k in ("noise", "photo"))
         name = {"merge": "merge r=0.5", "bal": "merge r=0.5, balanced", "prop": "merge r=0.5, proportional"}[variant]
+        if BY_NAME[family].default_mode != "merge":
+            name += f" (its default is {BY_NAME[family].default_mode})"
         out.append(f"| {_NAMES[family]} {size} | {name} | {cell['noise']:.3f} / {cell['photo']:.3f} | "
                    f"{yard['noise']:.3f} / {yard['photo']:.3f} | {verdict} |")
     return "\n".join(out)
