@@ -172,11 +172,11 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
 
 def test_bad_input_in_a_real_process():
     """The same refusal from ``python -m tome_core bench`` in a subprocess: exit code 2, one line."""
-    proc = subprocess.run([sys.executable, "-m", "tome_core", "bench", "--families", "flux", "--profile"],
+    proc = subprocess.run([sys.executable, "-m", "tome_core", "bench", "--families", "sd15,flux"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--profile is for UNet families only" in lines[0] and "Traceback" not in proc.stderr
+    assert len(lines) == 1 and "sd15 (UNet) and flux (DiT) need separate runs" in lines[0] and "Traceback" not in proc.stderr
 
 
 def test_cuda_checks_on_a_cuda_torch(monkeypatch):
