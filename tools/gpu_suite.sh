@@ -3,13 +3,15 @@
 # its own time limit, in the order that matters most, each leaving its results even when stopped by its limit.
 #
 #   bash tools/gpu_suite.sh [OUT_DIR]                       every part, under 8 minutes (default OUT_DIR: ${OUT:-bench_out}/gpu)
-#   TOME_GPU_PART=dit bash tools/gpu_suite.sh [OUT_DIR]     one part: dit | check | unet | fixed | compile (or a comma list)
+#   TOME_GPU_PART=dit bash tools/gpu_suite.sh [OUT_DIR]     one part: dit | attn | check | unet | fixed | compile (or a comma list)
 #
 # Parts (seconds of limit in a whole run; a part run alone gets TOME_GPU_PART_LIMIT, default 470):
 #   dit      110  Flux 1024², Qwen-Image 1328², Z-Image 1024², Wan 832x480x33, LTX-2 768x512x33, bf16, --blocks 2:
 #                 vanilla, kv r=0.5, merge r=0.5, every case profiled (trace summaries), steady-state timing
-#   check     70  the speed check's verdict against the bench's steady ratio (tome_bench.experiments.speed_check_accuracy)
-#   unet     170  python -m tome_core bench --gpu-suite unet: SD1.5 512/1024/2048², SDXL 1024/2048², fp16, the hosts'
+#   attn      30  Qwen-Image 1328² merge r=0.5 with plain against balanced merge_attention (its default): what the
+#                 mask costs on the GPU (SDPA leaves flash for the kernel the `attention` column names), profiled
+#   check     60  the speed check's verdict against the bench's steady ratio (tome_bench.experiments.speed_check_accuracy)
+#   unet     160  python -m tome_core bench --gpu-suite unet: SD1.5 512/1024/2048², SDXL 1024/2048², fp16, the hosts'
 #                 default (merge-auto), merge-level, kv r=0.75, tomesd; every case profiled
 #   fixed     60  tome_bench.experiments.fixed_cost --device cuda: vanilla and each patch alternated (SD1.5 512², SDXL 1024²)
 #   compile   60  python -m tome_core bench --gpu-suite compile: SD1.5 and SDXL 1024², vanilla, merge-level, kv r=0.75,
@@ -45,11 +47,12 @@ exec > >(tee -a "$out/log.txt") 2>&1
 cat "$out/gpu.txt"
 
 parts="${TOME_GPU_PART:-all}"
-[ "$parts" = all ] && parts="dit,check,unet,fixed,compile"
+[ "$parts" = all ] && parts="dit,attn,check,unet,fixed,compile"
 alone=$([ "${TOME_GPU_PART:-all}" = all ] && echo "" || echo "${TOME_GPU_PART_LIMIT:-470}")
 if [ "$device" = cpu ]; then
   bench=(-m tome_core bench --no-progress --device cpu --tiny)
   dit_args=(--families flux,z_image --methods vanilla,kv@0.5,merge@0.5 --profile)
+  attn_args=(--families qwen_image --methods vanilla,merge-plain,merge-bal --profile)
   unet_args=(--families sd15 --methods vanilla,merge-auto,kv@0.75 --profile)
   compile_args=(--families sd15 --methods vanilla,kv@0.75 --compile-mode default,reduce-overhead)
   check_args=(--tiny --device cpu); fixed_args=(--device cpu 64)
@@ -57,7 +60,9 @@ else
   bench=(-m tome_core bench --no-progress --device cuda)
   dit_args=(--families flux,qwen_image,z_image,wan,ltx2 --blocks 2 --dtype bf16 --repeats 3 --max-repeats 4
             --budget 90 --methods vanilla,kv@0.5,merge@0.5 --profile)
-  unet_args=(--gpu-suite unet --budget 150)
+  attn_args=(--families qwen_image --blocks 2 --dtype bf16 --repeats 3 --max-repeats 3 --methods
+             vanilla,merge-plain,merge-bal --profile)
+  unet_args=(--gpu-suite unet --budget 140)
   compile_args=(--gpu-suite compile --repeats 2 --max-repeats 2)
   check_args=(--device cuda); fixed_args=(--device cuda)
 fi
@@ -73,11 +78,12 @@ run() {  # run NAME LIMIT COMMAND...: under its limit, from its own folder (expe
 for part in ${parts//,/ }; do
   case "$part" in
     dit) run dit 110 "${bench[@]}" "${dit_args[@]}" --out "$out/dit" ;;
-    check) run check 70 -m tome_bench.experiments.speed_check_accuracy "${check_args[@]}" ;;
-    unet) run unet 170 "${bench[@]}" "${unet_args[@]}" --out "$out/unet" ;;
+    attn) run attn 30 "${bench[@]}" "${attn_args[@]}" --out "$out/attn" ;;
+    check) run check 60 -m tome_bench.experiments.speed_check_accuracy "${check_args[@]}" ;;
+    unet) run unet 160 "${bench[@]}" "${unet_args[@]}" --out "$out/unet" ;;
     fixed) run fixed 60 -m tome_bench.experiments.fixed_cost "${fixed_args[@]}" ;;
     compile) run compile 60 "${bench[@]}" "${compile_args[@]}" --out "$out/compile" ;;
-    *) echo "unknown part $part: dit, check, unet, fixed, compile"; exit 2 ;;
+    *) echo "unknown part $part: dit, attn, check, unet, fixed, compile"; exit 2 ;;
   esac
 done
 "$python" - "$out" <<'PY'
