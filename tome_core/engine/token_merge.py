@@ -133,7 +133,6 @@ def _window_of_each_token(grid: Sequence[int], window: Sequence[int], device: to
     return ids.flatten()
 
 
-
 # what each merge attention does, in the words describe() and the ComfyUI node use
 ATTENTION_WORDS = {"plain": "plain attention (each merged key as one token)",
                    "balanced": "balanced attention (the merged image keys weigh as the image's tokens against the text)",
@@ -162,9 +161,9 @@ def key_bias(merge: TokenMerge, stream: TokenLayout, keys: int, text: int = 0, t
     if how == "proportional":
         bias = merge.log_sizes()
     else:
-        in_grid = (merge.kept >= stream.prefix) & (merge.kept < stream.prefix + stream.grid_tokens)
         if keys == merge.slots and stream.prefix + stream.suffix == 0:
             return None
+        in_grid = (merge.kept >= stream.prefix) & (merge.kept < stream.prefix + stream.grid_tokens)
         slots = merge.slots - stream.prefix - stream.suffix
         bias = in_grid.float() * math.log(stream.grid_tokens / slots)
     if keys == merge.slots:

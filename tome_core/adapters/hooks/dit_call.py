@@ -77,7 +77,8 @@ def on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     on, step = call_step(timestep, config, spec.progress)  # reads the step only for a user-set window
     if not on:
         return
-    device = next(model.parameters()).device
+    weight = next(model.parameters())
+    device = weight.device
     plan = state.planner(found, layout, step, device)
     if plan is None:
         return
@@ -97,5 +98,5 @@ def on_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
 
     batch = int((args[0] if args else kwargs["hidden_states"]).shape[0])
     if not state.call_pays((type(model).__name__, layout, batch), call_label(layout.grid, batch),
-                           next(model.parameters()).dtype, device, run if again is not None else None):
+                           weight.dtype, device, run if again is not None else None):
         state.current = None
