@@ -1,8 +1,9 @@
 """The house's rules, read from the source: layers, the arrows between them, and no cycles.
 
 tome_core/engine imports torch and itself only; the catalogue builds on the engine; each adapter on the
-engine and the catalogue, never on another adapter; the public API (tome_core/__init__) on all of them;
-nothing in tome_core imports the benchmark (tome_bench).
+engine and the catalogue, never on another adapter; the public API (tome_core/__init__) on all of them; the users'
+tools (tome_core/tools) on the public API only, and only the command line hands over to them; nothing in tome_core
+imports the benchmark (tome_bench).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py") if "__pycache__" not
 
 def layer(module: str) -> str:
     parts = module.split(".")
-    if len(parts) > 1 and parts[1] in ("engine", "catalogue"):
+    if len(parts) > 1 and parts[1] in ("engine", "catalogue", "tools"):
         return parts[1]
     if len(parts) > 2 and parts[1] == "adapters":
         return f"adapters.{parts[2]}"
@@ -86,10 +87,23 @@ def test_no_module_imports_a_host_or_the_benchmark():
     found = {(module, name) for module, path in MODULES.items() for name in imports_of(path, top_level_only=False)
              if name.split(".")[0] in hosts}
     # `python -m tome_core compare` loads the user's diffusers pipeline: diffusers imported on use, in its loader only
-    loader = {(module, name) for module, name in found if module == "tome_core.compare_load"}
+    loader = {(module, name) for module, name in found if module == "tome_core.tools.compare.load"}
     assert loader and {name.split(".")[0] for _, name in loader} == {"diffusers"}
     # the command line's `python -m tome_core bench` hands over to the benchmark: the one arrow to it
     assert found - loader == {("tome_core.__main__", "tome_bench.cli"), ("tome_core.__main__", "tome_bench.cli.main")}
+
+
+def test_the_tools_stand_on_the_public_api_and_nothing_below_imports_them():
+    """A user's tool (``python -m tome_core compare``) uses what any user's script may: the public API; the engine,
+    the catalogue, the adapters and the public API never import it; the command line hands over to it on use."""
+    tools = {module for module in MODULES if layer(module) == "tools"}
+    assert "tome_core.tools.compare.command" in tools
+    below = {target for module in tools for target in own_imports(module)} - tools
+    assert below == {"tome_core", "tome_core._version"}
+    users = {(module, target) for module in MODULES if module not in tools for target in own_imports(module)
+             if target in tools}
+    assert users == {("tome_core.__main__", "tome_core.tools.compare")}
+    assert not own_imports("tome_core.__main__", top_level_only=True) & tools  # on use: `import tome_core` skips it
 
 
 def test_no_import_cycles_at_module_level():
@@ -117,11 +131,11 @@ def test_no_import_cycles_at_module_level():
 
 def test_the_layers_are_where_the_architecture_says():
     assert {layer(m) for m in MODULES} == {"api", "engine", "catalogue", "adapters.hooks", "adapters.model_patcher",
-                                           "adapters.wanvideo"}
+                                           "adapters.wanvideo", "tools"}
     doc = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
     for folder in ("tome_core/engine", "tome_core/catalogue", "tome_core/adapters/hooks",
-                   "tome_core/adapters/model_patcher", "tome_core/adapters/wanvideo", "tome_bench", "nodes",
-                   "tome_webui"):
+                   "tome_core/adapters/model_patcher", "tome_core/adapters/wanvideo", "tome_core/tools", "tome_bench",
+                   "nodes", "tome_webui"):
         assert folder in doc, folder
 
 

@@ -20,8 +20,8 @@ import tome_core
 from tome_bench.models import build_unet
 from tome_core.__main__ import main as tome_main
 from sd15_single_file import pipeline_to_ldm
-from tome_core.compare import CompareError, parse_setting
-from tome_core.compare_images import cell_size, psnr, ssim
+from tome_core.tools.compare import CompareError, parse_setting
+from tome_core.tools.compare.images import cell_size, psnr, ssim
 
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     if argv and argv[0] == "compare":
-        from .compare import main as compare_main  # imports diffusers on use
+        from .tools.compare import main as compare_main  # imports diffusers on use
 
         return compare_main(argv[1:])
     if argv and argv[0] in ("-h", "--help", "help"):

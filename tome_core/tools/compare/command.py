@@ -24,10 +24,10 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from . import apply_patch, describe, remove_patch
-from ._version import __version__
-from .compare_images import Cell, grid, metric_text, psnr, ssim
-from .compare_load import CompareError, load_pipeline
+from ... import apply_patch, describe, remove_patch
+from ..._version import __version__
+from .images import Cell, grid, metric_text, psnr, ssim
+from .load import CompareError, load_pipeline
 
 PLAIN = "plain"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -198,7 +198,7 @@ def run_all(pipe: Any, prompts: Sequence[str], settings: Sequence[Dict[str, Any]
 
 def git_commit() -> Optional[str]:
     """The commit of the tome checkout this module runs from (``+dirty`` with uncommitted changes), or None."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[3]  # tome_core/tools/compare/command.py -> the checkout
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10)
