@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Type
 
 from comfy_api.latest import ComfyExtension, io
 
-from . import OPTIONAL_NODES
 from .tome_nodes import V1_NODES, ToMe, patch
+from .tome_wanvideo import WANVIDEO_NODES
 
 _NUMBER_KEYS = ("default", "min", "max", "step")
 
@@ -74,7 +74,7 @@ def _v3_node(v1: Type[ToMe]) -> Type[io.ComfyNode]:
     return Node
 
 
-V3_NODES = tuple(_v3_node(node) for node in V1_NODES + OPTIONAL_NODES)
+V3_NODES = tuple(_v3_node(node) for node in V1_NODES + WANVIDEO_NODES)
 
 
 class ToMeExtension(ComfyExtension):

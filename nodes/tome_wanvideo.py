@@ -1,15 +1,18 @@
 """ToMe (WanVideoWrapper): kijai's ComfyUI-WanVideoWrapper model (``WANVIDEOMODEL``) in, a patched clone of it out.
 
-Registered only where the wrapper is installed (``wrapper_installed``), so the pack loads and works unchanged without
-it. The node is thin: widgets in, ``tome_core.adapters.wanvideo``'s plan (every refusal the model already shows, and
-the description) and clone out; the description is the node's UI message and goes to the log.
+Registered with the pack's other nodes whether or not the wrapper is there: ComfyUI reads a pack's nodes once, when it
+loads the pack (``nodes.load_custom_node``), and loads the packs in the order their folders are listed
+(``init_external_custom_nodes``), so the wrapper may load after this pack and nothing it registers can be seen yet.
+Its ``WANVIDEOMODEL`` input connects to the wrapper's model loader only, and the wrapper is found when it is needed:
+the model the node is given must be the wrapper's ``WanModel`` (matched by module and name, ``catalogue/wanvideo.py``),
+else the node refuses it, naming what it got. The node is thin: widgets in, ``tome_core.adapters.wanvideo``'s plan
+(every refusal the model already shows, and the description) and clone out; the description is the node's UI message
+and goes to the log.
 """
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Optional
 
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core.adapters.wanvideo import patch_of, patch_wanvideo, plan_wanvideo
@@ -22,39 +25,6 @@ from .ui_messages import announce_levels
 
 WANVIDEOMODEL = "WANVIDEOMODEL"
 _LOG = logging.getLogger("tome")
-# What marks the wrapper's folder (v1.4.7): its model module and its loader's module.
-WRAPPER_FILES = ("wanvideo/modules/model.py", "nodes_model_loading.py")
-
-
-def _custom_node_folders() -> Iterable[Path]:
-    """The folders ComfyUI loads custom nodes from: this pack's parent, and ComfyUI's list where it is loaded."""
-    yield Path(__file__).resolve().parents[2]
-    folder_paths = sys.modules.get("folder_paths")  # ComfyUI's own module, imported before any custom node
-    getter = getattr(folder_paths, "get_folder_paths", None)
-    if callable(getter):
-        try:
-            yield from (Path(p) for p in getter("custom_nodes"))
-        except (KeyError, TypeError):
-            return
-
-
-def wrapper_installed(folders: Optional[Iterable[Path]] = None) -> bool:
-    """Whether ComfyUI-WanVideoWrapper is installed: its loader module already imported (a module named ...
-    ``nodes_model_loading`` with ``WanVideoModelLoader``), or a custom node folder (not ``.disabled``, which ComfyUI
-    skips) holding its files. Nothing of the wrapper is imported."""
-    for name, module in list(sys.modules.items()):
-        if name.endswith("nodes_model_loading") and hasattr(module, "WanVideoModelLoader"):
-            return True
-    for root in folders if folders is not None else _custom_node_folders():
-        try:
-            children = [child for child in Path(root).iterdir() if child.is_dir()]
-        except OSError:
-            continue
-        for child in children:
-            if not child.name.endswith(".disabled") and all((child / f).is_file() for f in WRAPPER_FILES):
-                return True
-    return False
-
 
 MODE_INPUT = (list(MODES), {"default": "merge", "tooltip":
               "merge: fewer video tokens through whole blocks (ratio of them merged into a similar neighbour of "
@@ -77,10 +47,10 @@ class ToMeWanVideo:
 
     NODE_ID = "TomeCoreToMeWanVideo"
     DISPLAY_NAME = "ToMe (WanVideoWrapper)"
-    DESCRIPTION = ("Token Merging for ComfyUI-WanVideoWrapper's Wan models: fewer video tokens through the blocks "
-                   "(merge) or fewer keys/values (kv). Put it between the WanVideo model loader (and its LoRA, "
-                   "block swap and attention nodes) and the WanVideo sampler; features it cannot carry are refused "
-                   "by name before sampling.")
+    DESCRIPTION = ("Token Merging for the Wan models of kijai's ComfyUI-WanVideoWrapper (its WANVIDEOMODEL: the node "
+                   "needs the wrapper): fewer video tokens through the blocks (merge) or fewer keys/values (kv). Put it "
+                   "between the WanVideo model loader (and its LoRA, block swap and attention nodes) and the WanVideo "
+                   "sampler; features it cannot carry are refused by name before sampling.")
     CATEGORY = CATEGORY
     RETURN_TYPES = (WANVIDEOMODEL,)
     OUTPUT_TOOLTIPS = ("A copy of the model with ToMe applied.",)

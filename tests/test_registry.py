@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-NODE_IDS = {"TomeCoreToMe", "TomeCoreToMeAdvanced"}  # what the pack registers where ComfyUI-WanVideoWrapper is not
-LISTED_IDS = NODE_IDS | {"TomeCoreToMeWanVideo"}  # what ComfyUI-Manager maps to the pack (node_list.json lists it)
+NODE_IDS = {"TomeCoreToMe", "TomeCoreToMeAdvanced"}  # the MODEL nodes (nodes/tome_nodes.py)
+LISTED_IDS = NODE_IDS | {"TomeCoreToMeWanVideo"}  # what the pack registers, and ComfyUI-Manager maps to it
 PRODUCT = ["__init__.py", "nodes/tome_nodes.py", "nodes/tome_v3.py", "web/tome.js", "tome_core/engine/merge.py",
            "tome_core/catalogue/families.py", "tome_core/adapters/model_patcher/dit.py", "README.md", "LICENSE",
            "pyproject.toml", "node_list.json", "example_workflows/ToMe_SD15_basic.json"]
@@ -86,7 +86,7 @@ def test_the_archive_loads_as_a_comfyui_custom_node(archive, tmp_path):
         "print(json.dumps(sorted(module.NODE_CLASS_MAPPINGS)))\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert set(json.loads(result.stdout.splitlines()[-1])) == NODE_IDS
+    assert set(json.loads(result.stdout.splitlines()[-1])) == LISTED_IDS  # the WanVideoWrapper node with the rest
 
 
 def manager_scan(root: Path) -> set:

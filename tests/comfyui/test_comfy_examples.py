@@ -30,7 +30,7 @@ from comfy_env import PACKAGE_NAME
 EXAMPLES = Path(__file__).resolve().parents[2] / "example_workflows"
 NAMES = sorted(path.stem for path in EXAMPLES.glob("*.json"))
 OUR_NODES = ("TomeCoreToMe", "TomeCoreToMeAdvanced")
-WANVIDEO_NODE = "TomeCoreToMeWanVideo"  # registered only beside ComfyUI-WanVideoWrapper, whose nodes its example needs
+WANVIDEO_NODE = "TomeCoreToMeWanVideo"  # its example needs ComfyUI-WanVideoWrapper's nodes too
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", "COMFY_DYNAMICCOMBO_V3"}
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
 # Combos that list the user's model files: none exist in the tests, so any file name is accepted there.

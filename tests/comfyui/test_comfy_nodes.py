@@ -100,8 +100,8 @@ def extra(h=8, w=8, batch=2, sigma=5.0):
 # -- the package and its nodes -------------------------------------------------------------------
 
 def _model_nodes(mappings: dict) -> dict:
-    """The pack's MODEL nodes: the WanVideoWrapper node joins them only where a wrapper sits in a custom-node folder
-    (this checkout's parent too), which test_comfy_wanvideo.py checks; these tests hold either way."""
+    """The pack's MODEL nodes: the WanVideoWrapper node registered beside them takes a WANVIDEOMODEL
+    (test_comfy_wanvideo.py checks it)."""
     return {key: value for key, value in mappings.items() if key != "TomeCoreToMeWanVideo"}
 
 

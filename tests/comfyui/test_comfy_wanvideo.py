@@ -418,24 +418,94 @@ def test_the_node_describes_the_patch_in_its_ui_message_and_the_log(comfy, tome_
                                    start_percent=0.0, end_percent=1.0)
 
 
-def test_the_node_is_registered_only_beside_the_wrapper(tome_package, tmp_path):
+def test_the_node_is_registered_whatever_order_the_packs_load_in(tome_package):
+    """ComfyUI reads a pack's nodes once, as it loads the pack, in its folders' listing order: the node is registered
+    whether the wrapper loaded before this pack, after it or not at all (nothing of the wrapper is looked for then);
+    the wrapper is found when the node runs, by its WanModel (test_whole_transformer_compile_and_other_models_...)."""
     from importlib import import_module
 
     nodes = import_module(f"{tome_package.__name__}.nodes.tome_wanvideo")
-    # CI has no wrapper beside the checkout; a checkout next to one registers the node
-    assert ("TomeCoreToMeWanVideo" in tome_package.NODE_CLASS_MAPPINGS) == nodes.wrapper_installed()
-    assert not nodes.wrapper_installed([tmp_path])
-    wrapper = tmp_path / "ComfyUI-WanVideoWrapper"
-    (wrapper / "wanvideo" / "modules").mkdir(parents=True)
-    (wrapper / "wanvideo" / "modules" / "model.py").write_text("")
-    (wrapper / "nodes_model_loading.py").write_text("")
-    assert nodes.wrapper_installed([tmp_path])
-    wrapper.rename(tmp_path / "ComfyUI-WanVideoWrapper.disabled")  # ComfyUI skips a disabled folder
-    assert not nodes.wrapper_installed([tmp_path])
+    assert tome_package.NODE_CLASS_MAPPINGS["TomeCoreToMeWanVideo"] is nodes.ToMeWanVideo
+    assert tome_package.NODE_DISPLAY_NAME_MAPPINGS["TomeCoreToMeWanVideo"] == "ToMe (WanVideoWrapper)"
+    assert not [name for name in vars(nodes) if "installed" in name or "FILES" in name]  # no file-name probe left
     spec = nodes.ToMeWanVideo.INPUT_TYPES()
     assert spec["required"]["model"][0] == "WANVIDEOMODEL" and nodes.ToMeWanVideo.RETURN_TYPES == ("WANVIDEOMODEL",)
     assert nodes.ToMeWanVideo.CATEGORY == "model_patches/unet"
     assert all(options.get("tooltip") for _, options in nodes.ToMeWanVideo.spec().values())
+
+
+LATER_INPUT = torch.zeros(1, GRID, 32)  # what a later wrapper's new feature might hand every block
+
+
+@pytest.mark.parametrize("mode", ["merge", "kv"])
+def test_a_block_input_the_mode_does_not_know_is_refused_before_any_block_runs(comfy, mode):
+    """Each mode accepts the block inputs it knows (every one the newest wrapper read hands a plain call's blocks, at
+    rest, as the stand-in does in every test here); any other one, not at rest, stops the first model call before a
+    block runs, naming the input and the fix."""
+    patcher = make(comfy)
+    on = tome(patcher, mode=mode)
+    calls = []  # after ToMe's pre-hook: a block that ran
+    hook = patcher.model.diffusion_model.blocks[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    with pytest.raises(ValueError, match=f"hands its blocks motion_tokens_v9 = a tensor \\[1, {GRID}, 32\\], an input "
+                                         f"ToMe's mode {mode} does not know.*update tome"):
+        ws.sample(on, LATENT, TEXT, steps=1, cfg=False, later_block_inputs={"motion_tokens_v9": LATER_INPUT})
+    assert calls == []
+    # at rest (None, False, 0, empty) it passes; a clone without ToMe never looks
+    at_rest = dict(motion_tokens_v9=None, use_motion_v9=False, motion_frames_v9=0, motion_args_v9={})
+    expected = ws.sample(tome(patcher, mode=mode), LATENT, TEXT, steps=1, cfg=False)
+    assert torch.equal(ws.sample(tome(patcher, mode=mode), LATENT, TEXT, steps=1, cfg=False,
+                                 later_block_inputs=at_rest), expected)
+    ws.sample(patcher, LATENT, TEXT, steps=1, cfg=False, later_block_inputs={"motion_tokens_v9": LATER_INPUT})
+    hook.remove()
+
+
+def test_a_setting_at_the_default_its_block_declares_is_at_rest(comfy):
+    """A later block input the block's own forward declares, handed at its declared default, is off; another value of
+    it is refused."""
+    class LaterBlock(ws.WanAttentionBlock):
+        def forward(self, x, motion_strength_v9=1.0, **kwargs):
+            return super().forward(x, **kwargs)
+
+    patcher = make(comfy)
+    for block in patcher.model.diffusion_model.blocks:
+        block.__class__ = LaterBlock
+    expected = ws.sample(tome(patcher), LATENT, TEXT, steps=1, cfg=False)
+    assert torch.equal(ws.sample(tome(patcher), LATENT, TEXT, steps=1, cfg=False,
+                                 later_block_inputs={"motion_strength_v9": 1.0}), expected)
+    with pytest.raises(ValueError, match="motion_strength_v9 = 0.5, an input ToMe's mode merge does not know"):
+        ws.sample(tome(patcher), LATENT, TEXT, steps=1, cfg=False, later_block_inputs={"motion_strength_v9": 0.5})
+
+
+def test_an_input_kv_carries_is_refused_in_merge_with_mode_kv_as_the_fix(comfy):
+    """FETA's block input (enhance_enabled) handed to the blocks without the sampler keyword the named refusal reads:
+    merge refuses it by the input's name, pointing to kv, which carries it."""
+    patcher = make(comfy)
+    with pytest.raises(ValueError, match="enhance_enabled = True, an input ToMe's mode merge does not know.*use "
+                                         "ToMe's mode kv, which carries it"):
+        ws.sample(tome(patcher), LATENT, TEXT, steps=1, cfg=False, later_block_inputs={"enhance_enabled": True})
+    ws.sample(tome(patcher, mode="kv"), LATENT, TEXT, steps=1, cfg=False, later_block_inputs={"enhance_enabled": True})
+
+
+@pytest.mark.parametrize("mode", ["merge", "kv"])
+def test_one_attribute_on_the_transformer_and_nothing_on_its_blocks(comfy, mode):
+    """ToMe's hooks are recorded in one attribute of the wrapper's transformer (``_tome_wanvideo``); no module below
+    it gets one, also where the sampler compiles each block (the hooks move onto the compiled wrapper, and leave the
+    block inside it)."""
+    def tome_attributes(module):
+        return {(name, key) for name, sub in module.named_modules() for key in vars(sub) if "tome" in key.lower()}
+
+    eager = make(comfy)
+    ws.sample(tome(eager, mode=mode), LATENT, TEXT, steps=1)
+    assert tome_attributes(eager.model.diffusion_model) == {("", "_tome_wanvideo")}
+    torch._dynamo.reset()
+    compiled = make(comfy, {"backend": lambda gm, inputs: gm.forward})
+    transformer = compiled.model.diffusion_model
+    ws.sample(tome(compiled, mode=mode), LATENT, TEXT, steps=1)
+    assert tome_attributes(transformer) == {("", "_tome_wanvideo")}
+    for block in transformer.blocks:
+        inner = block._orig_mod
+        assert len(block._forward_pre_hooks) == len(block._forward_hooks) == 1
+        assert not inner._forward_pre_hooks and not inner._forward_hooks
 
 
 def test_merge_variants_of_other_hosts_are_refused(comfy):

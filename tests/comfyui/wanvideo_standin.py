@@ -13,8 +13,9 @@ It mirrors, at v1.4.7 (kijai 088128b), only what ToMe relies on, each piece nami
   (model.py:2646), the per-token RoPE table of rope_func "comfy" over every frame (model.py:2663-2716), the
   modulation ``e0`` [B, 6, C] or, with a per-frame timestep (Wan 2.2 5B), [B, 6, L, C] (model.py:2806-2817), skip
   layer guidance (model.py:3262-3265) and each block called as ``block(x, x_ip=..., ..., **kwargs)``
-  (model.py:3274), ``kwargs`` holding ``transformer_options`` (model.py:3113-3156); VACE's hints from its own blocks,
-  called through ``.forward`` (model.py:2097-2144).
+  (model.py:3274), ``kwargs`` holding ``transformer_options`` (model.py:3113-3156) and, as the newest wrapper read
+  (kijai 0cf30c63) hands them, every other feature's block input at rest (``FEATURES_OFF``); VACE's hints from its own
+  blocks, called through ``.forward`` (model.py:2097-2144).
 - ``WanAttentionBlock.forward`` (model.py:1002) on its plain path: modulation (``get_mod``, model.py:966), the
   self-attention's q/k with the per-token table (``_qkv_fn_with_rope``, model.py:424, ``apply_rope_comfy1``), the
   attention (attention.py ``attention``: sdpa on [B, H, L, D], or "comfy" through ComfyUI's optimized_attention), the
@@ -173,6 +174,18 @@ class Head(nn.Module):  # model.py:1536
 
 WanAttentionBlock.__module__ = BaseWanAttentionBlock.__module__ = MODULE
 
+# The block inputs of the features that are off in a plain call, as the newest wrapper read hands them to every block
+# (kijai 0cf30c63, model.py WanModel.forward, its block call and the kwargs built before it): ToMe accepts each at
+# rest. ``later_block_inputs`` (a test's) stands for what a later wrapper may add.
+FEATURES_OFF = dict(chunked_self_attention=False, seq_chunks=0, camera_embed=None, audio_proj=None,
+                    enhance_enabled=False, audio_scale=1.0, nag_params={}, nag_context=None,
+                    multitalk_audio_embedding=None, ref_target_masks=None, human_num=0, inner_t=None, inner_c=None,
+                    cross_freqs=None, freqs_ip=None, e_ip=None, adapter_proj=None, ip_scale=None, reverse_time=False,
+                    mtv_motion_tokens=None, mtv_motion_rotary_emb=None, mtv_strength=1.0, mtv_freqs=None,
+                    humo_audio_input=None, humo_audio_scale=1.0, lynx_x_ip=None, lynx_ip_scale=1.0,
+                    lynx_ref_scale=1.0, longcat_num_cond_latents=0, longcat_avatar_options=None, onetoall_ref_scale=1.0,
+                    e_tr=None, tr_start=0, tr_num=0)
+
 
 class WanModel(nn.Module):  # model.py:1727
     def __init__(self, dim: int = 32, heads: int = 2, layers: int = 3, ffn_dim: int = 48, in_dim: int = 16,
@@ -214,7 +227,8 @@ class WanModel(nn.Module):  # model.py:1727
         return emb.unsqueeze(1).movedim(1, 2)  # [1, L, 1, D/2, 2, 2]
 
     def forward(self, x, t, context, seq_len, is_uncond=False, current_step_percentage=0.0, current_step=0,
-                fun_ref=None, phantom_ref=None, vace_data=None, transformer_options={}, **features):
+                fun_ref=None, phantom_ref=None, vace_data=None, transformer_options={}, later_block_inputs=None,
+                **features):
         frames = x[0].shape[1]
         x = [self.patch_embedding(u.unsqueeze(0).float()) for u in x]
         grid = x[0].shape[2:]
@@ -244,17 +258,19 @@ class WanModel(nn.Module):  # model.py:1727
             e0 = e0.view(b, nf, 1, 1, 6, self.dim).expand(b, nf, h, w, 6, self.dim).flatten(1, 3).transpose(1, 2)
         context = self.text_embedding(torch.stack([torch.cat([u, u.new_zeros(self.text_len - u.size(0), u.size(1))])
                                                    for u in context]))
-        kwargs = dict(e=e0, seq_lens=seq_lens, grid_sizes=grid_sizes, freqs=freqs, context=context, current_step=torch.tensor(current_step),
+        kwargs = dict(e=e0, seq_lens=seq_lens, grid_sizes=grid_sizes, freqs=freqs, context=context, clip_embed=None,
+                      current_step=torch.tensor(current_step), last_step=torch.tensor(False, dtype=torch.bool),
                       num_latent_frames=frames, original_seq_len=original_seq_len,
-                      frame_tokens=x.shape[1] // frames, transformer_options=transformer_options)
+                      frame_tokens=x.shape[1] // frames, transformer_options=transformer_options,
+                      **dict(FEATURES_OFF, **(later_block_inputs or {})))
         if vace_data is not None:  # model.py:3165-3182, forward_vace at model.py:2097
             kwargs["vace_hints"] = [self.forward_vace(x, vace_data, kwargs)]
             kwargs["vace_context_scale"] = [1.0]
         for b, block in enumerate(self.blocks):
             if self.slg_blocks is not None and b in self.slg_blocks and is_uncond:  # model.py:3262
                 continue
-            x, _, _, _ = block(x, x_ip=None, lynx_ref_feature=None, x_ovi=None, attention_mode_override=None,
-                               **kwargs)  # model.py:3274
+            x, _, _, _ = block(x, x_ip=None, lynx_ref_feature=None, x_ovi=None, x_onetoall_ref=None,
+                               onetoall_freqs=None, attention_mode_override=None, **kwargs)  # model.py:3274
         if self.ref_conv is not None and fun_ref is not None:
             x = x[:, fun_ref.size(1):]
         x = x[:, :original_seq_len]

@@ -11,12 +11,16 @@ each block as ``block(x, x_ip=..., **kwargs)`` with the video stream ``x`` [B, L
 What this file holds is what is known about the wrapper's tokens: where a call's video grid sits in the stream
 (``call_layout``), which keyword, model setting or attention mode carries a feature, and whether each mode carries
 that feature's tokens correctly (``FEATURES``): where one cannot, the feature is refused by name with its fix, before
-any block runs. The adapter (``tome_core/adapters/wanvideo``) reads a call through it.
+any block runs. Below those named refusals, each mode accepts only the block inputs it knows (``BLOCK_INPUTS``): any
+other input a block is handed, unless it is at rest, is refused before the first block runs
+(``block_input_refusal``), so a feature of a later wrapper that ToMe was not built for stops the prompt instead of
+scrambling the video. The adapter (``tome_core/adapters/wanvideo``) reads a call through it.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 from ..engine.grid import TokenLayout
 
@@ -195,6 +199,79 @@ def feature_refusals(model: Any, kwargs: dict, options: dict, mode: str) -> Opti
             refused = feature.refusal(mode)
             if refused:
                 return refused
+    return None
+
+
+# The block inputs each mode carries whatever their value (read from the wrapper's ``WanAttentionBlock.forward`` and
+# ``BaseWanAttentionBlock.forward``, wanvideo/modules/model.py, and the block call of ``WanModel.forward``, at kijai
+# 0cf30c63, the newest copy read; v1.4.7's block call, as the stand-in mirrors it, passes a subset). Merge cuts or
+# shortens x, e, freqs, seq_lens and adds VACE's hints itself; kv changes no input. The rest are the same for every
+# token (the step, the text and CLIP conditioning, NAG's context, the attention override), inert without their
+# feature's own input (the *_scale strengths, human_num, the split prompts' chunking), or refused by name first
+# (rope_function 'default' under merge; several prompts under merge; FETA's enhance_enabled under merge, which kv
+# carries: its scores come from the full keys).
+_EVERY_MODE = frozenset((
+    "x", "e", "seq_lens", "grid_sizes", "freqs", "context", "clip_embed", "current_step", "last_step",
+    "num_latent_frames", "frame_tokens", "original_seq_len", "transformer_options", "attention_mode_override",
+    "chunked_self_attention", "seq_chunks", "nag_params", "nag_context", "reverse_time", "vace_hints",
+    "vace_context_scale", "audio_scale", "ip_scale", "mtv_strength", "humo_audio_scale", "lynx_ip_scale",
+    "lynx_ref_scale", "onetoall_ref_scale", "human_num",
+))
+BLOCK_INPUTS: Dict[str, FrozenSet[str]] = {"merge": _EVERY_MODE, "kv": _EVERY_MODE | {"enhance_enabled"}}
+_NO_DEFAULT = object()
+
+
+def _at_rest(value: Any) -> bool:
+    """None, False, 0 or empty: what the wrapper hands a block for a feature that is off."""
+    if value is None or value is False:
+        return True
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value == 0
+    return isinstance(value, (list, tuple, dict, str)) and len(value) == 0
+
+
+def declared_default(block: Any, name: str) -> Any:
+    """The default the block's own ``forward`` (or a base class's, for a keyword it passes on) declares for ``name``."""
+    for cls in type(getattr(block, "_orig_mod", block)).__mro__:
+        forward = cls.__dict__.get("forward")
+        if forward is None:
+            continue
+        try:
+            parameter = inspect.signature(forward).parameters.get(name)
+        except (TypeError, ValueError):
+            continue
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            return parameter.default
+    return _NO_DEFAULT
+
+
+def _shown(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    return f"a tensor {list(shape)}" if shape is not None else repr(value)[:60]
+
+
+def block_input_refusal(block: Any, args: tuple, kwargs: dict, mode: str) -> Optional[str]:
+    """Why ``mode`` cannot carry this block call's inputs (one it does not know, and not at rest), else None.
+
+    An input is at rest when None, False, 0 or empty, or a setting equal to the default its block's forward declares;
+    only the stream ``x`` may come by position."""
+    if len(args) > 1:
+        return (f"ToMe (WanVideoWrapper): this wrapper hands its blocks {len(args)} inputs by position, where ToMe "
+                "knows the video stream only; update tome (a newer one may know them), or remove the ToMe node.")
+    known = BLOCK_INPUTS[mode]
+    for name, value in kwargs.items():
+        if name in known or _at_rest(value):
+            continue
+        if isinstance(value, (bool, int, float, str)):  # a setting at its declared default is off as well
+            default = declared_default(block, name)
+            if type(default) is type(value) and default == value:
+                continue
+        fix = ("use ToMe's mode kv, which carries it, or remove that feature or the ToMe node"
+               if mode == "merge" and name in BLOCK_INPUTS["kv"] else
+               "update tome (a newer one may carry it), or remove that feature or the ToMe node, and please report it")
+        return (f"ToMe (WanVideoWrapper): this wrapper hands its blocks {name} = {_shown(value)}, an input ToMe's mode "
+                f"{mode} does not know (a feature that adds tokens or reads them by position would come back "
+                f"scrambled); {fix}.")
     return None
 
 

@@ -42,6 +42,7 @@ class Call:
     cuts: Dict[Any, Tuple[Any, Any]] = field(default_factory=dict)
     pending: Dict[int, Any] = field(default_factory=dict)
     reached: bool = False
+    inputs_checked: bool = False  # hooks._before_block: the first block's inputs are ones this mode knows
 
 
 class WanVideoPatch(KVPatchState):
