@@ -8,7 +8,9 @@ unpatched output bit for bit (the hooks are shared by every clone); merge carrie
 through each block of the range, with the RoPE rows, per-token modulation and key lengths cut alike and the tokens
 around the grid whole; kv shortens the self-attention's keys only; VACE's hints land on every token; the error against
 the unpatched model equals ToMe's native Wan path's for the same weights and latents (ComfyUIs with Wan); each refusal
-names the feature and the fix, before any block runs; a compiled block is not recompiled per step.
+names the feature and the fix, before any block runs, and so does a block input the mode does not know (the stand-in
+hands its blocks every input of the newest wrapper read, at rest); a compiled block is not recompiled per step; ToMe
+leaves one attribute on the transformer and none on its blocks; the node is registered whatever the packs' load order.
 """
 from __future__ import annotations
 
