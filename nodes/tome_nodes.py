@@ -12,14 +12,16 @@ try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
     from ..tome_core.adapters.model_patcher.plan import default_mode, plan_patch
     from ..tome_core.adapters.model_patcher.unet import merger_of
+    from ..tome_core.adapters.model_patcher.dit_merge import merge_patch_of
     from ..tome_core.catalogue.families import UNET_FAMILIES, default_modes, merging, mode_summary, short_title
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
     from tome_core.adapters.model_patcher.plan import default_mode, plan_patch
     from tome_core.adapters.model_patcher.unet import merger_of
+    from tome_core.adapters.model_patcher.dit_merge import merge_patch_of
     from tome_core.catalogue.families import UNET_FAMILIES, default_modes, merging, mode_summary, short_title
-from .ui_messages import announce_levels
+from .ui_messages import announce_levels, announce_notes
 
 CATEGORY = "model_patches/unet"
 MAX_SEED = 0xFFFFFFFF
@@ -177,6 +179,9 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     merger = merger_of(patched) if plan.kind == "unet" else None
     if merger is not None and node_id is not None:
         announce_levels(merger, node_id)
+    merging = merge_patch_of(patched) if plan.kind == "dit" else None
+    if merging is not None and node_id is not None:  # e.g. "balanced attention needs a mask; ...: plain"
+        announce_notes(merging, node_id)
     return patched, {"tome": [plan.description]}
 
 

@@ -20,14 +20,23 @@ def _prompt_server() -> Any:
     return getattr(PromptServer, "instance", None)
 
 
-def announce_levels(merger: Any, node_id: Any) -> None:
-    """Send ``merger``'s description to node ``node_id`` each time the speed check decides a level."""
-    if merger.config.speed_check == "off" or _prompt_server() is None:
-        return
-
+def _sender(node_id: Any):
     def send(lines: List[str]) -> None:
         server = _prompt_server()
         if server is not None:  # from the sampling thread: send_sync queues it on the server's loop
             server.send_sync(LEVELS_EVENT, {"node": str(node_id), "lines": list(lines)}, server.client_id)
+    return send
 
-    merger.listeners.append(send)
+
+def announce_levels(merger: Any, node_id: Any) -> None:
+    """Send ``merger``'s description to node ``node_id`` each time the speed check decides a level."""
+    if merger.config.speed_check == "off" or _prompt_server() is None:
+        return
+    merger.listeners.append(_sender(node_id))
+
+
+def announce_notes(patch: Any, node_id: Any) -> None:
+    """Send a DiT merge patch's notes (``DiTMergePatch.notes``: what its first model calls found, e.g. "balanced
+    attention needs a mask; ... ignores masks: plain") to node ``node_id`` each time one is added."""
+    if _prompt_server() is not None:
+        patch.listeners.append(_sender(node_id))

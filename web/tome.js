@@ -55,8 +55,11 @@ const ATTENTION_LINES = {
 };
 
 // A DiT (Flux, SD3, Wan, HunyuanVideo) has no UNet levels: the last run's kv window on its image/video tokens,
-// or (mode merge) the share of image tokens carried merged through its blocks.
-export function ditLines(lastRun) {
+// or (mode merge) the share of image tokens carried merged through its blocks. ``notes``: what the run sent
+// (nodes/ui_messages.py); "balanced attention needs a mask; ...: plain" replaces the attention line.
+export function ditLines(lastRun, notes = []) {
+  const weighed = ATTENTION_LINES[lastRun.merge_attention]
+    && !notes.some((line) => line.startsWith(`${lastRun.merge_attention} attention needs a mask;`));
   const window = lastRun.kv_window ?? [];
   const kept = window.reduce((a, b) => a * b, 1);
   const merged = Math.round((lastRun.ratio ?? 0) * 100);
@@ -64,7 +67,7 @@ export function ditLines(lastRun) {
     `${lastRun.model_type} (${lastRun.family}): mode merge on image tokens`,
     merged > 0 ? `${merged}% of the image tokens merged into a similar neighbour through each block; text kept`
                : "ratio 0: nothing reduced",
-    ...(merged > 0 && ATTENTION_LINES[lastRun.merge_attention] ? [ATTENTION_LINES[lastRun.merge_attention]] : []),
+    ...(merged > 0 && weighed ? [ATTENTION_LINES[lastRun.merge_attention]] : []),
   ] : [
     `${lastRun.model_type} (${lastRun.family}): mode kv on image tokens`,
     kept > 1 ? `keys/values: 1 of ${kept} per ${window.join("x")} window; every query and text token kept`
@@ -82,7 +85,8 @@ export function infoLines(node, graph) {
     if (value !== undefined) settings[name] = value;
   }
   const lastRun = node.tomeLastRun;
-  if (lastRun?.family) return [...ditLines(lastRun), ...(node.tomeLevels ?? [])];  // WanVideoWrapper: its verdicts
+  // a DiT: the run's notes (mode merge) or verdicts (WanVideoWrapper) after its plan
+  if (lastRun?.family) return [...ditLines(lastRun, node.tomeLevels), ...(node.tomeLevels ?? [])];
   if (node.tomeNodeId === WANVIDEO_NODE_ID) {  // a WanVideoWrapper model: no UNet levels to draw before the run
     return [`WanVideoWrapper: mode ${settings.mode ?? "merge"}, ratio ${settings.ratio ?? 0.5}; the plan is shown after the node runs`];
   }

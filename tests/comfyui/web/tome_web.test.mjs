@@ -123,6 +123,23 @@ test("after a DiT run in mode merge the node shows the merged share of image tok
   assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[1], "ratio 0: nothing reduced");
 });
 
+test("a run that finds the attention ignores masks replaces the balanced line with what it found", async () => {
+  const { module, app } = await loadExtension();
+  class NodeType {}
+  await module.extension.beforeRegisterNodeDef(NodeType, { name: "TomeCoreToMe" });
+  const node = Object.assign(new NodeType(), { id: 4, widgets: [{ name: "ratio", value: 0.5 }], outputs: [] });
+  app.graph = { links: {}, getNodeById: (id) => (id === 4 ? node : undefined) };
+  node.onExecuted({ tome: [{ model_type: "QwenImage", family: "qwen_image", mode: "merge", ratio: 0.5, kv_window: [],
+                             blocks: [60, 60], merge_attention: "balanced" }] });
+  assert.ok(module.infoLines(node, app.graph).some((line) => line.startsWith("balanced attention: ")));
+  // what nodes/ui_messages.py announce_notes sends when the first model call's probe finds the mask ignored
+  const note = "balanced attention needs a mask; ComfyUI-KJNodes' PathchSageAttentionKJ.patch.attention_override_sage "
+    + "ignores masks: plain";
+  module.onLevels({ detail: { node: "4", lines: [note] } });
+  assert.deepEqual(module.infoLines(node, app.graph), ["QwenImage (qwen_image): mode merge on image tokens",
+    "50% of the image tokens merged into a similar neighbour through each block; text kept", "all 60 blocks", note]);
+});
+
 test("the speed check's verdicts sent during sampling are drawn on the node they name", async () => {
   const { module, app, api } = await loadExtension();
   class NodeType {}

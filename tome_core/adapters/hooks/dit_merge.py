@@ -10,6 +10,7 @@ state attribute (shared with mode kv, so ``remove_patch``/``is_patched`` treat b
 from __future__ import annotations
 
 import inspect
+import sys
 from functools import lru_cache
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -65,6 +66,14 @@ class DiTMergeState(DiTCallState):
         self.attention = family_of_binding(self.family).attention_for(config)  # how merged keys are weighed
         self.weighing: Optional[Tuple["_Call", TokenLayout, TokenMerge]] = None  # the merged block running, if biased
         self.biasing: Dict[int, "_WeighedKeys"] = {}  # attention module -> its bias mode, while it runs
+        # attention module -> whether the bias reaches its result (learnt at its first merged call, ``_FirstWeighing``);
+        # forgotten when diffusers' active attention backend changes (``set_attention_backend``, ``attention_backend``)
+        self.takes_mask: Dict[int, bool] = {}
+        self.sdpa_masks: Dict[Tuple, bool] = {}  # (device, dtype, SDPA kernels allowed) -> whether a mask drops there
+        dispatch = sys.modules.get("diffusers.models.attention_dispatch")
+        self.backends = getattr(dispatch, "_AttentionBackendRegistry", None)
+        self.active_backend = getattr(self.backends, "_active_backend", None)
+        self.notes: List[str] = []  # what describe() adds to the config ("... ignores masks: plain")
 
     def clear(self) -> None:
         self.current = None
@@ -88,6 +97,10 @@ class DiTMergeState(DiTCallState):
     def planner(self, tokens: Any, stream: TokenLayout, step: Any,
                 device: torch.device) -> Optional[Callable[[bool], "_Call"]]:
         config = self.config
+        active = getattr(self.backends, "_active_backend", None)
+        if active is not self.active_backend:  # another backend runs now: each attention is asked again
+            self.takes_mask.clear()
+            self.active_backend = active
 
         def new_call(first: bool) -> _Call:
             call = _Call(stream, tokens.text, step, text_last=self.family.text == "last")
@@ -110,6 +123,8 @@ class _WeighedKeys(TorchFunctionMode):
     (alone, or with the text the block concatenates inside) gets the bias that weighs its merged keys
     (``token_merge.key_bias``: "balanced" or "proportional"), added to its mask."""
 
+    LEARNS = False  # whether the attention's exit keeps what this mode saw (``_FirstWeighing``)
+
     def __init__(self, call: "_Call", stream: TokenLayout, merge: TokenMerge, how: str, text_first: bool) -> None:
         super().__init__()
         self.call, self.stream, self.merge, self.how, self.text_first = call, stream, merge, how, text_first
@@ -129,6 +144,81 @@ class _WeighedKeys(TorchFunctionMode):
                 bound["attn_mask"] = biased_mask(bound.get("attn_mask"), bias, query.dtype, query.ndim)
                 return func(**bound)
         return func(*args, **kwargs)
+
+
+class _FirstWeighing(_WeighedKeys):
+    """``_WeighedKeys`` for an attention's first merged call (outside torch.compile): also learns whether the bias can
+    reach its result. The bias goes into torch's scaled_dot_product_attention, so an attention whose projections ran
+    but no SDPA (a diffusers backend such as flash-attn, sage, xformers or flex, or a processor calling such a kernel
+    itself) cannot take it; nor can an SDPA whose kernel choice takes no mask (diffusers' "_native_flash" backend
+    enters ``sdpa_kernel(FLASH_ATTENTION)``: on CUDA that kernel has no mask, ``sdpa_drops_mask``)."""
+
+    LEARNS = True
+
+    def __init__(self, kernels: Dict[Tuple, bool], *args: Any) -> None:
+        super().__init__(*args)
+        self.kernels = kernels  # the state's ``sdpa_masks``: each kernel choice probed once
+        self.projections = self.sdpa_calls = 0
+        self.dropped = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
+        if func is F.linear:
+            self.projections += 1
+        elif func is F.scaled_dot_product_attention:
+            self.sdpa_calls += 1
+            if self.sdpa_calls == 1:
+                query = dict(zip(_SDPA_ARGS, args), **(kwargs or {}))["query"]
+                cuda = torch.backends.cuda  # the kernels sdpa_kernel() allows (on the CPU too)
+                where = (query.device, query.dtype, query.shape[-1], cuda.flash_sdp_enabled(),
+                         cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(), cuda.cudnn_sdp_enabled())
+                if where not in self.kernels:
+                    self.kernels[where] = sdpa_drops_mask(query)
+                self.dropped = self.kernels[where]
+            if self.dropped:
+                return func(*args, **(kwargs or {}))
+        return super().__torch_function__(func, types, args, kwargs)
+
+    def verdict(self) -> Optional[bool]:
+        """Whether the bias reached the attention's result; None where it computed nothing (a cache's stored
+        output), to be asked again at its next call."""
+        if self.sdpa_calls:
+            return not self.dropped
+        return False if self.projections else None
+
+
+PROBE_TOKENS, KEPT_KEY = 16, 5
+
+
+def sdpa_drops_mask(query: torch.Tensor) -> bool:
+    """Whether torch's scaled_dot_product_attention, in the kernel choice in force (``sdpa_kernel``) on ``query``'s
+    device and dtype, drops a mask or cannot run one: a tiny call with a mask of -inf on every key but one, whose
+    output must then be that key's value. Syncs once: set-up work at an attention's first merged call."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, PROBE_TOKENS, query.shape[-1], generator=generator).to(query.device, query.dtype)
+               for _ in range(3))
+    mask = torch.full((1, PROBE_TOKENS), -float("inf"))
+    mask[:, KEPT_KEY] = 0
+    try:
+        with torch.no_grad():
+            masked = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(query.device, query.dtype)).float()
+            plain = F.scaled_dot_product_attention(q, k, v).float()
+    except RuntimeError:  # e.g. "No available kernel": the kernel allowed here takes no mask
+        return True
+    expected = v[:, :, KEPT_KEY:KEPT_KEY + 1].float().expand_as(masked)
+    return bool((masked - expected).norm() >= (masked - plain).norm())
+
+
+def attention_named(module: torch.nn.Module, backends: Any) -> str:
+    """An attention as users set it up: its processor class, and the diffusers attention backend it dispatches to
+    (``set_attention_backend``, else the active one) where that is not the native one."""
+    processor = getattr(module, "processor", None)
+    cls = type(processor)
+    name = cls.__qualname__ if cls.__module__.startswith("diffusers.") else f"{cls.__module__}.{cls.__qualname__}"
+    if not hasattr(processor, "_attention_backend"):
+        return name
+    backend = processor._attention_backend or getattr(backends, "_active_backend", None)
+    backend = getattr(backend, "value", backend)
+    return name if backend in (None, "native") else f"{name} on diffusers' {backend!r} attention backend"
 
 
 @lru_cache(maxsize=None)
@@ -224,11 +314,18 @@ def _leave(state: DiTMergeState, joint: bool):
 
 def _weigh(state: DiTMergeState):
     """Pre-hook of an attention module inside a merged block: its scaled_dot_product_attention calls get the bias
-    (``_WeighedKeys``, entered for this module's forward only, so it sees the attention's few ops, not the block's)."""
+    (``_WeighedKeys``, entered for this module's forward only, so it sees the attention's few ops, not the block's);
+    at its first call ``_FirstWeighing`` learns whether the bias reaches the result, and where it does not the
+    attention runs plain from then on (no mode, no bias)."""
     def pre_hook(module: torch.nn.Module, args: tuple) -> None:
         if state.weighing is not None:
+            known = state.takes_mask.get(id(module))
+            if known is False:
+                return
             call, stream, merge = state.weighing
-            mode = _WeighedKeys(call, stream, merge, state.attention, state.family.text != "last")
+            how = (call, stream, merge, state.attention, state.family.text != "last")
+            mode = _FirstWeighing(state.sdpa_masks, *how) if known is None and not torch.compiler.is_compiling() \
+                else _WeighedKeys(*how)
             mode.__enter__()
             state.biasing[id(module)] = mode
     return pre_hook
@@ -239,7 +336,26 @@ def _unweigh(state: DiTMergeState):
         mode = state.biasing.pop(id(module), None)
         if mode is not None:
             mode.__exit__(None, None, None)
+            if mode.LEARNS:
+                _learn(state, module, mode)
     return hook
+
+
+def _learn(state: DiTMergeState, module: torch.nn.Module, mode: _FirstWeighing) -> None:
+    """Keep what an attention's first merged call showed; where the bias does not reach its result, say once, in
+    the log and in describe(), that it runs plain attention."""
+    verdict = mode.verdict()
+    if verdict is None:
+        return
+    state.takes_mask[id(module)] = verdict
+    if verdict:
+        return
+    why = ("the kernel its scaled_dot_product_attention runs takes no mask" if mode.sdpa_calls else
+           "it does not run torch's scaled_dot_product_attention, where ToMe adds the mask")
+    note = f"{state.attention} attention needs a mask; {attention_named(module, state.backends)} ignores masks: plain"
+    if note not in state.notes:
+        state.notes.append(note)
+    state.warn_once(f"mask:{note}", f"ToMe: {state.model_name}: {note} ({why}).")
 
 
 def refuse_caches(blocks: List[Tuple[str, torch.nn.Module]]) -> None:

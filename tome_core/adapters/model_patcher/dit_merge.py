@@ -25,14 +25,17 @@ from ...engine.schedule import SigmaWindow
 from ...catalogue.families import family_of_binding
 from ...engine.token_merge import GridMatch, TokenMerge, biased_mask, key_bias, match_grid, merge_window
 from .dit_call import OVERRIDE, DiTCallPatch
+from .mask_probe import compute_dtype, head_width, mask_dropped
 
 CALL_KEY = "tome_merge_call"  # transformer_options key of the running model call's _MergeCall
+APPLY_MODEL = "apply_model"  # ComfyUI's WrappersMP.APPLY_MODEL, where the patch's wrapper sits
 WEIGH_KEY = "tome_weighed_keys"  # a merged block's transformer_options: (stream, merge, text, previous override)
 
 
 class _MergeCall:
     """One model call: its joint layout ([text, image ...]), sigma, the matching once planned, the merges of each
-    stream layout built from it, and whether any block patch ran (``reached``)."""
+    stream layout built from it, whether its merged keys are weighed (``weigh``: the attention that runs takes the
+    mask) and whether any block patch ran (``reached``)."""
 
     REFERENCE_METHOD = "index_timestep_zero"  # Flux's and Qwen-Image's ref_latents_method that modulates by position
 
@@ -46,6 +49,7 @@ class _MergeCall:
         self.merges: Dict[TokenLayout, TokenMerge] = {}
         self.pe: Dict[Any, Tuple[Any, Any]] = {}  # the cut rotary tables and per-token inputs, by input (and stream)
         self.bias: Dict[Tuple[TokenLayout, int], Optional[torch.Tensor]] = {}  # (stream, keys) -> key_bias
+        self.weigh = False
         self.reached = False
 
     def merge_on(self, layout: TokenLayout) -> TokenMerge:
@@ -68,11 +72,15 @@ class DiTMergePatch(DiTCallPatch):
         super().__init__(config)
         self.window, self.family, self.blocks = window, family, blocks
         self.attention = family_of_binding(family).attention_for(config)  # how merged keys are weighed
+        # (another node's attention override or None, device) -> whether the attention there takes the mask, probed once
+        self.takes_mask: Dict[Tuple[Any, torch.device], bool] = {}
+        self.notes: List[str] = []  # what describe() and the node add to the config ("... ignores masks: plain")
+        self.listeners: List[Callable[[List[str]], None]] = []  # called with the notes when one is added (the node)
         self.last_call: Optional[_MergeCall] = None  # the latest reduced model call (for tests and diagnostics)
 
     def _plan(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
               options: dict) -> Optional[_MergeCall]:
-        call = self._new_call(base, x, t, context, extra)
+        call = self._new_call(base, x, t, context, extra, options)
         if call is not None and self.reuse.on:  # match_every: an earlier call's matching, never the last run's
             self.reuse.restart_on(options.get("sample_sigmas"))
             call.match = self.reuse.take(call.reuse_key)
@@ -80,7 +88,7 @@ class DiTMergePatch(DiTCallPatch):
 
     def _again(self, plan: _MergeCall, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
                options: dict) -> Optional[_MergeCall]:
-        return self._new_call(base, x, t, context, extra)
+        return self._new_call(base, x, t, context, extra, options)
 
     def _install(self, options: dict, call: Optional[_MergeCall]) -> Callable[[], None]:
         options[CALL_KEY] = self.last_call = call
@@ -95,7 +103,8 @@ class DiTMergePatch(DiTCallPatch):
     def reducible(self, layout: TokenLayout) -> bool:
         return layout.grid_tokens >= max(self.config.min_tokens, 4)
 
-    def _new_call(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict) -> Optional[_MergeCall]:
+    def _new_call(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
+                  options: dict) -> Optional[_MergeCall]:
         found = self._read_call(base, x, t, context, extra)
         if found is None:
             return None
@@ -110,7 +119,27 @@ class DiTMergePatch(DiTCallPatch):
         # drawn here, outside any compiled block: the seeded destinations never reach traced code
         call.destinations = self.destinations_for(layout.grid, merge_window(layout.grid, config.sx, config.sy),
                                                   sigma, x.device)
+        if self.attention != "plain":  # one look-up per call; the probe once per override and device
+            where = (options.get(OVERRIDE), x.device)
+            weigh = self.takes_mask.get(where)
+            call.weigh = self._probe_mask(where, base, x, options) if weigh is None else weigh
         return call
+
+    def _probe_mask(self, where: Tuple[Any, torch.device], base: Any, x: torch.Tensor, options: dict) -> bool:
+        """Whether the attention of the merged blocks (``where``: another node's override over ComfyUI's function,
+        on this device) takes a mask (``mask_probe``); if not, they run plain attention, said once in the log and
+        to the node."""
+        override, device = where
+        dropped = mask_dropped(override, options, device, compute_dtype(base, x.dtype), head_width(base))
+        self.takes_mask[where] = not dropped
+        if dropped:
+            note = f"{self.attention} attention needs a mask; {dropped}: plain"
+            self.warn_once(f"mask:{note}", f"ToMe: {self.family.name}: {note}.")
+            if note not in self.notes:
+                self.notes.append(note)
+                for listener in self.listeners:
+                    listener(list(self.notes))
+        return not dropped
 
     def _references(self) -> ValueError:
         return ValueError(f"ToMe: mode merge does not reduce {self.family.name} calls whose reference images take the "
@@ -203,7 +232,7 @@ class DiTMergePatch(DiTCallPatch):
             if cut not in call.pe:
                 call.pe[cut] = (value, _cut_per_token(value, merge))
             out[key] = call.pe[cut][1]
-        if self.attention != "plain":
+        if call.weigh:
             self._weigh_keys(call, out, stream, merge, text)
         if not torch.compiler.is_compiling():
             self.reduced_calls += 1
@@ -236,12 +265,6 @@ class DiTMergePatch(DiTCallPatch):
         if cached not in call.bias:
             call.bias[cached] = key_bias(merge, stream, keys, text, how=self.attention)
         bias = call.bias[cached]
-        name = getattr(func, "__name__", "")
-        if bias is not None and name not in _TAKE_A_MASK:
-            self.warn_once(f"mask:{name}", f"ToMe: {self.attention} attention adds a mask, which {name or func} does "
-                           "not take; the merged keys are attended to as one token each there (PyTorch, xformers, "
-                           "split and sub-quadratic attention take it).")
-            bias = None
         if bias is not None:
             positional = len(args) >= 5
             mask = biased_mask(args[4] if positional else kwargs.get("mask"), bias, q.dtype, 2)
@@ -250,11 +273,6 @@ class DiTMergePatch(DiTCallPatch):
             else:
                 kwargs["mask"] = mask
         return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
-
-
-# ComfyUI's attention functions that take an additive float mask; the others (sage, flash) fall back to PyTorch's
-# with an error message per call when given one, so they get no bias (warned once)
-_TAKE_A_MASK = ("attention_pytorch", "attention_basic", "attention_split", "attention_sub_quad", "attention_xformers")
 
 
 def _cut_table(pe: Any, merge: TokenMerge, axis: int) -> Any:
@@ -338,6 +356,16 @@ def _object_patch(clone: Any, state: DiTMergePatch, kind: str, index: int) -> No
     at = "diffusion_model._orig_mod" if hasattr(diffusion_model, "_orig_mod") else "diffusion_model"
     key = f"{at}.{attr}.{index}"
     clone.add_object_patch(key, merged_block(clone.get_model_object(key), state.block_patch(kind, None)))
+
+
+def merge_patch_of(patcher: Any) -> Optional[DiTMergePatch]:
+    """The ``DiTMergePatch`` of the ToMe patch on ``patcher`` (its APPLY_MODEL wrapper's), else None."""
+    for wrappers in (getattr(patcher, "wrappers", None) or {}).get(APPLY_MODEL, {}).values():
+        for wrapper in wrappers:
+            state = getattr(wrapper, "__self__", None)
+            if isinstance(state, DiTMergePatch):
+                return state
+    return None
 
 
 def attach(clone: Any, state: DiTMergePatch, wrapper_key: str, apply_model: str) -> Any:
