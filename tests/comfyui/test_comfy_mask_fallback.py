@@ -142,19 +142,14 @@ def test_comfyuis_own_attention_is_probed_without_an_override(comfy, probes, mon
     assert dit_merge.merge_patch_of(on).notes == [] and len(probes) == 1 and probes[0][0] is None
 
     def attention_sage(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False, skip_output_reshape=False,
-                       **kwargs):  # ComfyUI 0.3.75's (comfy/ldm/modules/attention.py): the mask handed to sageattn
-        if skip_reshape:
-            b, _, _, dim_head = q.shape
-            tensor_layout = "HND"
-        else:
-            b, _, dim_head = q.shape
-            dim_head //= heads
-            q, k, v = (t.view(b, -1, heads, dim_head) for t in (q, k, v))
-            tensor_layout = "NHD"
-        out = sage_standin.sageattn(q, k, v, attn_mask=mask, is_causal=False, tensor_layout=tensor_layout)
-        if tensor_layout == "HND":
-            return out if skip_output_reshape else out.transpose(1, 2).reshape(b, -1, heads * dim_head)
-        return out.transpose(1, 2) if skip_output_reshape else out.reshape(b, -1, heads * dim_head)
+                       **kwargs):  # ComfyUI 0.3.75's, as far as the mask goes: handed to sageattn with the tensors
+        layout = "HND" if skip_reshape else "NHD"  # [B, H, N, D] as handed, else [B, N, H, D] from [B, N, H * D]
+        if not skip_reshape:
+            q, k, v = (t.unflatten(-1, (heads, -1)) for t in (q, k, v))
+        out = sage_standin.sageattn(q, k, v, attn_mask=mask, is_causal=False, tensor_layout=layout)
+        if skip_output_reshape:  # [B, H, N, D]
+            return out if skip_reshape else out.transpose(1, 2)
+        return (out.transpose(1, 2) if skip_reshape else out).flatten(2)
 
     attention_sage.__module__, attention_sage.__qualname__ = "comfy.ldm.modules.attention", "attention_sage"
     chosen = attention.wrap_attn(attention_sage)  # as --use-sage-attention makes it the models' function
