@@ -110,7 +110,22 @@ def test_every_results_table_is_its_jsons_figures():
             assert doc_tables.render(match.group(2).split(), match.group(3)) == match.group(3), \
                 f"{path.name}: regenerate with python -m tome_bench.doc_tables {path.relative_to(REPO)}"
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert len(doc_tables.BLOCK.findall(readme)) == 2 and marked >= 3  # README: one GPU table, one CPU table
+    assert len(doc_tables.BLOCK.findall(readme)) == 3 and marked >= 4  # README: two GPU tables, one CPU table
+
+
+def test_every_frontier_table_is_its_jsons():
+    """Each frontier table (each family's ratio at tomesd's quality) in README and docs equals the table written again
+    from the frontier JSON it names, which names its device and commit."""
+    from tome_bench.experiments import frontier
+
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for match in frontier.BLOCK.finditer(text):
+            result = json.loads((REPO / match.group(2).strip()).read_text(encoding="utf-8"))
+            assert result.get("device") and result.get("commit"), match.group(2)
+            assert match.group(3) == frontier.summary_table(result) + "\n", \
+                f"{path.name}: regenerate with python -m tome_bench.experiments.frontier --docs {match.group(2)} " \
+                f"{path.relative_to(REPO)}"
 
 
 def test_a_changed_figure_is_caught(tmp_path):

@@ -19,14 +19,35 @@ _STYLE = {"merge": ("tab:blue", "o"), "merge-level": ("tab:cyan", "D"), "merge-a
 _EXTRA = ("tab:red", "tab:pink", "tab:olive", "tab:gray")
 
 
-def rows_of(result: dict) -> list[dict]:
-    """The bench rows of a results JSON: its own ``rows``, or those of every part it holds (``{"parts": {...}}``);
-    an experiment's rows in a part (no ``label``: not a bench row) are left out."""
+def runs_of(result: dict) -> list[list[dict]]:
+    """The bench rows of a results JSON, run by run: its own ``rows``, or those of every part it holds
+    (``{"parts": {...}}``); an experiment's rows in a part (no ``label``: not a bench row) are left out."""
     if "rows" in result:
-        return [row for row in result["rows"] if "label" in row]
+        return [[row for row in result["rows"] if "label" in row]]
     parts = result.get("parts", result)
-    return [row for part in parts.values() if isinstance(part, dict) for row in part.get("rows", ())
-            if isinstance(row, dict) and "label" in row]
+    return [[row for row in part.get("rows", ()) if isinstance(row, dict) and "label" in row]
+            for part in parts.values() if isinstance(part, dict)]
+
+
+def rows_of(result: dict) -> list[dict]:
+    """The bench rows of a results JSON, every run's (``runs_of``) in one list."""
+    return [row for run in runs_of(result) for row in run]
+
+
+def one_per_case(rows: list[dict]) -> list[dict]:
+    """The eager rows, one per case and label: the first, except that a traced row (its GPU time known) replaces an
+    untraced one (a later run's repeat of a case, e.g. the GPU suite's compile part re-timing the eager rows)."""
+    def traced(row: dict) -> bool:
+        return (row.get("trace") or {}).get("gpu_busy_ms") is not None
+
+    chosen: dict = {}
+    for row in rows:
+        if row.get("compiled"):
+            continue
+        key = (_case(row), row["label"])
+        if key not in chosen or (not traced(chosen[key]) and traced(row)):
+            chosen[key] = row
+    return list(chosen.values())
 
 
 def _case(row: dict) -> tuple:

@@ -24,7 +24,8 @@ DiT families (--families {dit_families}, named as in the catalogue;
 zimage and qwen also work; not mixed with UNet families in one run): methods {dit_methods}
 (from the catalogue: merge where the family's diffusers classes take it; tomesd patches UNets only), the real
 architecture at full width with --blocks blocks of each kind (full depth does not fit 2 CPU cores; per-block cost and
-the share of time in attention are those of the real model), at their native size unless --res is
+the share of time in attention are those of the real model; on a GPU --depth released builds the released models,
+their weights made on the device), at their native size unless --res is
 given (Flux, SD3, Z-Image: 1024; Qwen-Image: 1328; Wan: 832x480, --frames 33; LTX-2: 768x512,
 --frames 8k+1), batch 1 for Flux (guidance-distilled) and Z-Image-Turbo (CFG 1), else 2 (CFG).
 Rows add the tokens, the attention share of vanilla and its ceiling 1/(1-share) for any kv
@@ -151,8 +152,14 @@ def _add_what_to_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", type=int, default=None,
                    help="DiT families: blocks of each kind, built at full width (Flux: N double + 2N "
                         "single) (default: 2; --tiny: 1). Full depth (Flux 19+38, SD3.5 medium 24, "
-                        "Wan 1.3B 30) does not fit 2 CPU cores; per-block cost and the share of time "
-                        "in attention are those of the real model")
+                        "Wan 1.3B 30) does not fit 2 CPU cores (on a GPU: --depth released); per-block cost and "
+                        "the share of time in attention are those of the real model")
+    p.add_argument("--depth", choices=("blocks", "released"), default="blocks",
+                   help="DiT families: 'blocks' (--blocks of each kind at full width) or 'released': each model at "
+                        "its released depth and width (Flux.1 19+38, SD3.5 medium 24, Wan 2.1 14B / 2.2 A14B 40, "
+                        "Z-Image 30, Qwen-Image 60, LTX-2 48), its weights made and seeded on the GPU in the run's "
+                        "dtype, one model at a time (fits an 80 GB card); a GPU only, or with --tiny "
+                        "(default: blocks)")
     p.add_argument("--frames", type=int, default=None,
                    help="video families (wan, ltx2): video frames, 4k+1 for wan, 8k+1 for ltx2 "
                         "(default: 33, i.e. 9 latent frames for wan, 5 for ltx2)")
@@ -214,7 +221,9 @@ def _add_where_and_output(p: argparse.ArgumentParser) -> None:
                    help="torch.set_num_threads (default: torch's own choice)")
     p.add_argument("--profile", action="store_true",
                    help="also profile steady forwards of every variant in every case (torch.profiler; on a GPU with "
-                        "CUDA activity): each row carries per forward its kernels, GPU busy against wall time, the "
+                        "CUDA activity, where every case is traced anyway for its GPU time, 'x GPU', and its host "
+                        "syncs and uploads, 'sync/HtoD'): each row carries per forward its kernels, GPU busy against "
+                        "wall time, the "
                         "synchronising and allocating CUDA runtime calls, the SDPA kernels and the top kernels, "
                         "vanilla's beside (traces kept gzipped in OUT/traces); UNets: also where the time goes by "
                         "module for the first family, size and ratio")
@@ -253,9 +262,11 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
         resolutions = args.res or resolutions or (_csv(_size)(preset["res"]) if args.tiny else None)
     else:
         resolutions = args.res or resolutions or _csv(_size)(preset["res"])
-        if args.blocks is not None:
-            raise UsageError(f"--blocks is for DiT families ({', '.join(DIT_FAMILIES)}), "
-                             f"not {','.join(families)}")
+        if args.blocks is not None or args.depth != "blocks":
+            raise UsageError(f"--{'blocks' if args.blocks is not None else 'depth'} is for DiT families "
+                             f"({', '.join(DIT_FAMILIES)}), not {','.join(families)}")
+    if args.depth == "released" and args.blocks is not None:
+        raise UsageError("--blocks sets the depth of --depth blocks; --depth released builds the released depth")
     if args.frames is not None and not set(VIDEO_FAMILIES) & set(families):
         raise UsageError(f"--frames is for the video families {', '.join(VIDEO_FAMILIES)}, "
                          f"not {','.join(families)} (images)")
@@ -279,7 +290,7 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
             peaked=args.peaked, guidance=args.guidance, scale="tiny" if args.tiny else "full",
             seed=args.seed, max_downsample=args.max_downsample, use_rand=args.use_rand,
             device=device, attention=args.attention,
-            blocks=(1 if args.tiny else 2) if args.blocks is None else args.blocks,
+            blocks=(1 if args.tiny else 2) if args.blocks is None else args.blocks, depth=args.depth,
             frames=33 if args.frames is None else args.frames, ops=args.ops,
             content=args.content, photo=args.photo, trace=args.profile or profiled,
             trace_dir=str(args.out / "traces") if args.profile or profiled else None)

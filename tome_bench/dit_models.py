@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -30,9 +31,32 @@ VIDEO_FAMILIES = ("wan", "ltx2")  # the ones --frames applies to
 # prompt is padded to 1024 (its cross-attention only: never in the reduced self-attention).
 TEXT_TOKENS = {"flux": 512, "sd3": 333, "wan": 512, "z_image": 128, "qwen_image": 128, "ltx2": 1024}
 DIT_SCALES = ("full", "tiny")
-# Blocks of the released models, for the report: Flux.1 19 double + 38 single, SD3.5 medium 24, Wan 2.1 1.3B
-# 30, Z-Image 30 (+ 2 noise and 2 caption refiners), Qwen-Image 60, LTX-2 48.
+# Blocks of the released model of the width --blocks builds, for the report: Flux.1 19 double + 38 single, SD3.5
+# medium 24, Wan 2.1 1.3B 30, Z-Image 30 (+ 2 noise and 2 caption refiners), Qwen-Image 60, LTX-2 48.
 REAL_DEPTH = {"flux": "19+38", "sd3": "24", "wan": "30", "z_image": "30+2+2", "qwen_image": "60", "ltx2": "48"}
+DEPTHS = ("blocks", "released")
+
+
+@dataclass(frozen=True)
+class Release:
+    """The released model ``--depth released`` builds: its name, its blocks of each kind as ``dit_config`` counts
+    them (Flux: double blocks, twice as many single ones follow; Z-Image: layers, its refiners in proportion), and
+    the config entries where its width differs from the width ``--blocks`` builds (Wan: 14B, not 1.3B)."""
+
+    title: str
+    blocks: int
+    width: Tuple[Tuple[str, object], ...] = ()
+
+
+# From the released configs (diffusers' constructor defaults are these checkpoints' config.json): FLUX.1-dev 19 + 38
+# blocks of 3072; SD3.5 medium 24 of 1536; Wan 2.1 T2V 14B 40 of 5120, ffn 13824 (each of Wan 2.2 A14B's two
+# experts is the same transformer); Z-Image 30 layers of 3840 + 2 + 2 refiners; Qwen-Image 60 of 3072; LTX-2 48
+# (video 4096 wide, audio 2048).
+RELEASED = {"flux": Release("FLUX.1-dev", 19), "sd3": Release("SD3.5 medium", 24),
+            "wan": Release("Wan 2.1 T2V 14B / Wan 2.2 A14B expert", 40,
+                           (("num_attention_heads", 40), ("ffn_dim", 13824))),
+            "z_image": Release("Z-Image 6B", 30), "qwen_image": Release("Qwen-Image 20B", 60),
+            "ltx2": Release("LTX-2 19B", 48)}
 # Batch of one forward: 2 = [uncond; cond] CFG (SD3, Wan, Qwen-Image's true CFG, LTX-2's pipeline guidance
 # 3); Flux is guidance-distilled and Z-Image-Turbo runs at CFG 1 (ComfyUI's template, diffusers' guidance 0).
 DEFAULT_BATCH = {"flux": 1, "z_image": 1}
@@ -46,13 +70,20 @@ _QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
 _QK_PROJECTIONS = ("to_q", "to_k", "add_q_proj", "add_k_proj")
 
 
-def dit_config(family: str, blocks: int = 2, scale: str = "full") -> Tuple[str, dict]:
-    """(diffusers class name, config) of the architecture with ``blocks`` blocks of each kind.
+def dit_config(family: str, blocks: Optional[int] = None, scale: str = "full",
+               released: bool = False) -> Tuple[str, dict]:
+    """(diffusers class name, config) of the architecture with ``blocks`` blocks of each kind (None: 2).
 
-    scale: "full" (the released width) or "tiny" (tests and --tiny only: 2 small heads).
+    scale: "full" (the released width) or "tiny" (tests and --tiny only: 2 small heads). released: the released
+    model (``RELEASED``): at full scale its width, and its depth where ``blocks`` is None.
     """
     if scale not in DIT_SCALES:
         raise ValueError(f"ToMe bench: DiT scale must be one of {DIT_SCALES}, got {scale!r}.")
+    if released:
+        release = RELEASED[family]
+        cls_name, config = dit_config(family, release.blocks if blocks is None else blocks, scale)
+        return cls_name, config if scale == "tiny" else {**config, **dict(release.width)}
+    blocks = 2 if blocks is None else blocks
     tiny = scale == "tiny"
     if family == "flux":  # FLUX.1-dev
         return "FluxTransformer2DModel", dict(
@@ -155,14 +186,7 @@ def build_dit(family: str, blocks: int = 2, seed: int = 0, dtype: torch.dtype = 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = getattr(diffusers, cls_name)(**cfg)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in model.parameters():
-            fan_in = p.shape[-1] if p.dim() >= 2 else 64
-            p.copy_(torch.randn(p.shape, generator=gen) / fan_in ** 0.5)
-        for name, module in model.named_modules():
-            if _is_norm_weight(module):
-                module.weight.fill_(QK_NORM_INIT if name.rsplit(".", 1)[-1] in _QK_NORMS else 1.0)
+    seed_parameters(model, torch.Generator().manual_seed(seed + 1))
     if dtype != torch.float32:  # torch's own Module.to: diffusers' warns about an empty list of fp32 modules
         model = torch.nn.Module.to(model, dtype)
     model = model.eval().requires_grad_(False)
@@ -171,6 +195,18 @@ def build_dit(family: str, blocks: int = 2, seed: int = 0, dtype: torch.dtype = 
             for p in _qk_parameters(model):
                 p.mul_(peaked)
     return model
+
+
+def seed_parameters(model: torch.nn.Module, generator: torch.Generator) -> None:
+    """Every parameter drawn in place from ``generator`` (on the parameters' device): normal / sqrt(fan-in), so no
+    zero-initialised layer hides errors; normalisation weights at 1, the q/k norms at ``QK_NORM_INIT``."""
+    with torch.no_grad():
+        for p in model.parameters():
+            fan_in = p.shape[-1] if p.dim() >= 2 else 64
+            p.normal_(generator=generator).div_(fan_in ** 0.5)
+        for name, module in model.named_modules():
+            if _is_norm_weight(module):
+                module.weight.fill_(QK_NORM_INIT if name.rsplit(".", 1)[-1] in _QK_NORMS else 1.0)
 
 
 def latent_frames(frames: int, family: str = "wan") -> int:

@@ -3,7 +3,8 @@ through the runner's rounds (:data:`DIT` is their ``family.BenchFamily``; a new 
 ``dit_models`` family plus its entry in :data:`DEFAULT_SIZES`).
 
 The model is the real diffusers architecture at full width with ``cfg.blocks`` blocks of each kind
-(``dit_models``; ``--tiny``: the tiny test width). Each size runs the runner's own case: a warm-up
+(``dit_models``; ``--tiny``: the tiny test width), or with ``cfg.depth`` "released" the released model, its weights
+made and seeded on the device (``released``; a GPU, or the tiny width). Each size runs the runner's own case: a warm-up
 round on peaked attention (errors, memory, kernel), vanilla once more (drift check), here also
 timing its share in scaled_dot_product_attention (the ceiling of any kv speed-up is
 1/(1-share)), then interleaved timed rounds with paired ratios and noise bands (``stats``). Rows
@@ -18,7 +19,7 @@ import torch
 from tome_core.catalogue.diffusers_dits import merging_families
 from tome_core.catalogue.families import BY_NAME, modes_of
 
-from . import dit_models, measure
+from . import dit_models, measure, released
 from .family import Case
 
 DIT_FAMILIES = dit_models.DIT_FAMILIES
@@ -63,6 +64,12 @@ def check_config(cfg, method_names: tuple[str, ...]) -> None:
                          f"{merging_families()}); run those with --methods vanilla,kv")
     if cfg.blocks < 1:
         raise ValueError(f"blocks must be >= 1, got {cfg.blocks}")
+    if cfg.depth not in dit_models.DEPTHS:
+        raise ValueError(f"depth must be one of {', '.join(dit_models.DEPTHS)}, got {cfg.depth!r}")
+    if cfg.depth == "released" and cfg.scale != "tiny" and torch.device(cfg.device).type == "cpu":
+        raise ValueError("depth released builds the released models (" + ", ".join(
+            f"{f} {dit_models.RELEASED[f].title}" for f in dits) + ") at full width: that needs a GPU; on the CPU "
+            "use --depth blocks --blocks N (the released width, fewer blocks), or --tiny")
     if cfg.frames < 1 or cfg.frames % 4 != 1:
         raise ValueError(f"frames must be 4k + 1 (Wan's VAE keeps 1 + (frames - 1) / 4 latent frames), "
                          f"e.g. 33 or 81, got {cfg.frames}")
@@ -78,10 +85,20 @@ def check_config(cfg, method_names: tuple[str, ...]) -> None:
 
 
 def build(family: str, cfg) -> torch.nn.Module:
-    """The benchmark's ``family`` DiT: full width (``--tiny``: tiny), ``cfg.blocks`` blocks, on ``cfg.device``."""
-    model = dit_models.build_dit(family, cfg.blocks, cfg.seed, scale="tiny" if cfg.scale == "tiny" else "full")
+    """The benchmark's ``family`` DiT on ``cfg.device``: full width (``--tiny``: tiny), ``cfg.blocks`` blocks; or
+    with ``cfg.depth`` "released" the released model, its weights made and seeded on the device (``released``)."""
+    scale = "tiny" if cfg.scale == "tiny" else "full"
+    if cfg.depth == "released":
+        return released.build(family, cfg.device, measure.DTYPES[cfg.dtype], cfg.seed, scale)
+    model = dit_models.build_dit(family, cfg.blocks, cfg.seed, scale=scale)
     # torch's own Module.to: diffusers' would warn about an empty list of fp32-kept modules
     return torch.nn.Module.to(model, cfg.device, measure.DTYPES[cfg.dtype])
+
+
+def built_blocks(family: str, cfg) -> str:
+    """The blocks a run's model has (``blocks_text``): ``cfg.blocks`` of each kind, or the released model's."""
+    blocks = dit_models.RELEASED[family].blocks if cfg.depth == "released" else cfg.blocks
+    return blocks_text(family, blocks, cfg.scale)
 
 
 def blocks_text(family: str, blocks: int, scale: str = "full") -> str:
@@ -154,8 +171,10 @@ class DiTFamily:
         def extra() -> dict:
             image, text = dit_models.token_counts(name, height, width, cfg.frames)
             a = share.get("share")
-            fields = dict(image_tokens=image, text_tokens=text, blocks=blocks_text(name, cfg.blocks, cfg.scale),
-                          real_blocks=dit_models.REAL_DEPTH[name], attn_share=a,
+            fields = dict(image_tokens=image, text_tokens=text, blocks=built_blocks(name, cfg), depth=cfg.depth,
+                          real_blocks=(blocks_text(name, dit_models.RELEASED[name].blocks)
+                                       if cfg.depth == "released" else dit_models.REAL_DEPTH[name]),
+                          weights_gb=round(released.parameter_bytes(model, model.dtype) / 1e9, 3), attn_share=a,
                           speedup_ceiling=None if a is None or a >= 1 else 1 / (1 - a),
                           guided="distilled" if dit_models.distilled(name, batch) else
                           ("cfg" if batch % 2 == 0 else None))

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from .chart import rows_of, write_chart
+from .chart import one_per_case, rows_of, write_chart
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         commits.setdefault(str(r.get("device", "device not recorded")), []).append(str(r.get("commit", "?")))
     title = "; ".join(f"{device}, commit{'s' if len(c) > 1 else ''} {', '.join(dict.fromkeys(c))}"
                       for device, c in commits.items())
-    written = write_chart([row for r in results for row in rows_of(r)], Path(argv[0]), title=title)
+    written = write_chart(one_per_case([row for r in results for row in rows_of(r)]), Path(argv[0]), title=title)
     print(f"wrote {written}" if written else "no chart: no row has a speed-up and an error", file=sys.stderr)
     return 0 if written else 1
 

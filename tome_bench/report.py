@@ -115,6 +115,24 @@ METRICS = {
              "e.g. 'cudaMemcpy DtoH'), sdpa (per SDPA backend: calls and the device kernels they ran), top_kernels "
              "(the 5 kernels with the most time: ms and launches); on the CPU only the CPU-side figures",
     "trace_vs_vanilla": "--profile: the method's trace figures minus vanilla's (kernels, gpu_busy_ms, wall_ms, calls)",
+    "gpu_ms": "CUDA rows (traced on CUDA always, elsewhere with --profile): the GPU's time per steady forward, "
+              "trace.gpu_busy_ms: the union of the device's kernel, copy and set intervals over the profiled forwards, "
+              "per forward (idle gaps, e.g. while the host launches, left out); compiled rows: the compiled forward's",
+    "gpu_speedup": "vanilla's gpu_ms / this row's (compiled rows: compiled vanilla's of the same mode): the speed-up "
+                   "where the GPU is the bound (a slower GPU, a faster host, CUDA graphs); 'speedup' is the wall "
+                   "clock's, which a launch-bound host caps",
+    "syncs": "traced rows: host synchronisations (cudaStreamSynchronize, cudaDeviceSynchronize, "
+             "cudaEventSynchronize) per steady forward, counted inside the forwards (not the profiled block's own "
+             "final synchronisation)",
+    "htod": "traced rows: host-to-device copies (cudaMemcpy* launching a HtoD copy) per steady forward, inside the "
+            "forwards: a value made on the host, then uploaded",
+    "syncs_added": "syncs minus vanilla's",
+    "htod_added": "htod minus vanilla's",
+    "syncs_over_vanilla": "true where syncs or htod exceed vanilla's: a steady forward of a patch should add neither "
+                          "(marked '!' in the tables)",
+    "depth": "DiT rows: 'blocks' (--blocks of each kind at full width) or 'released' (the released model's depth and "
+             "width, weights made and seeded on the device in the run's dtype)",
+    "weights_gb": "DiT rows: the model's parameters in GB (10^9 bytes) in the run's dtype",
     "vanilla_drift": "vanilla row only: rel. L2 between vanilla outputs before and after every "
                      "other variant was applied and removed (0 = removal restores the model)",
 }
@@ -196,8 +214,8 @@ def _fmt(x, spec: str) -> str:
 COLUMNS = [  # header, row key, format, legend
     ("model", "family", "s", "model family (real architecture, seeded random weights)"),
     ("size", "size", "s", "image size in px (latent = px / 8); Wan: x frames"),
-    ("blocks", "blocks", "s", "DiT: blocks built (full width unless --tiny; Flux: double+single; released: "
-     "19+38, SD3.5 medium 24, Wan 1.3B 30)"),
+    ("blocks", "blocks", "s", "DiT: blocks built (full width unless --tiny; Flux: double+single; released, "
+     "--depth released: Flux.1 19+38, SD3.5 medium 24, Wan 14B 40, Z-Image 30+2+2, Qwen-Image 60, LTX-2 48)"),
     ("tokens", "tokens", "s", "DiT: image (video) + text tokens of one sample"),
     ("method", "label", "s", "variant; r = merge ratio"),
     ("run", "run", "s", "eager, or compiled with torch.compile after patching: 'compiled' (inductor), "
@@ -209,6 +227,14 @@ COLUMNS = [  # header, row key, format, legend
     ("+-", "noise", ".2f", "half-width of the noise band of 'x vanilla' (about 95 %; widened by "
      "the paired rounds' spread, by the paired median if it differs, and by 'lost %'; 0 with one "
      "round)"),
+    ("GPU ms", "gpu_ms", ".1f", "CUDA (traced): the GPU's busy time per steady forward (kernels, copies; launch gaps "
+     "left out)"),
+    ("x GPU", "gpu_speedup", ".2f", "CUDA: vanilla's GPU ms / GPU ms: the speed-up where the GPU is the bound (a "
+     "slower GPU or a faster host); 'x vanilla' is the wall clock's, which a launch-bound host caps"),
+    ("busy %", "trace_busy_pct", ".0f", "--profile/CUDA: GPU busy time / wall time of a profiled forward (low: "
+     "launch-bound)"),
+    ("sync/HtoD", "waits", "s", "--profile/CUDA: host syncs / host-to-device copies per steady forward; '!': more "
+     "than vanilla's (a patch's steady forward should add none)"),
     ("lost %", "lost_pct", ".0f", "% of the time lost to other work: median over rounds of "
      "vanilla's stretch over its fastest round or the CPU wait, if larger"),
     ("rank", "rank", "s", "places, 1 = fastest; 'a-b (tied)': overlapping bands share places; "
@@ -235,8 +261,6 @@ COLUMNS = [  # header, row key, format, legend
     ("syncs", "host_syncs", "d", "--ops: host syncs in one forward (each stalls a GPU's launch queue)"),
     ("py calls", "tome_calls", "d", "--ops: Python calls into tome_core in one forward (launch time on a GPU)"),
     ("kernels", "trace_kernels", ".0f", "--profile: device kernels launched per forward"),
-    ("busy %", "trace_busy_pct", ".0f", "--profile: GPU busy time / wall time of a profiled forward (low: "
-     "launch-bound)"),
     ("attn %", "attn_pct", ".0f", "DiT: % of vanilla's forward time in attention (SDPA)"),
     ("ceiling", "speedup_ceiling", ".2f", "DiT: 1 / (1 - attention share): the most any kv ratio can give"),
     ("attention", "attention", "s",
@@ -256,9 +280,18 @@ def _cells(r: dict) -> dict:
                 trace_kernels=(r.get("trace") or {}).get("kernels") or None,
                 trace_busy_pct=None if (r.get("trace") or {}).get("busy_share") is None
                 else 100 * r["trace"]["busy_share"],
+                waits=None if r.get("syncs") is None else
+                f"{r['syncs']:g}/{r['htod']:g}" + (" !" if r.get("syncs_over_vanilla") else ""),
                 noise=None if r.get("speedup_low") is None else
                 (r["speedup_high"] - r["speedup_low"]) / 2,
                 rank=r.get("rank") or ("-" if not r.get("compile_error") else "compile failed"))
+
+
+def waits_line(row: dict) -> str:
+    """The warning for a row whose steady forward waits on the host more than vanilla's (``syncs_over_vanilla``)."""
+    run = f" ({_cells(row)['run']})" if row.get("compiled") else ""
+    return (f"! more host waits than vanilla: {row['family']} {row['width']}x{row['height']} {row['label']}{run}: "
+            f"{row['syncs_added']:+g} host syncs, {row['htod_added']:+g} host-to-device copies per steady forward")
 
 
 def format_table(rows: list[dict], legend: bool = True) -> str:
@@ -280,6 +313,8 @@ def format_table(rows: list[dict], legend: bool = True) -> str:
         lines.append("")
         lines += [f"{h:>14}: {text}" for h, _, _, text in shown]
     for r in rows:
+        if r.get("syncs_over_vanilla"):
+            lines.append(waits_line(r))
         if r.get("compile_error"):
             lines.append(f"compile failed: {r['family']} {r['width']}x{r['height']} {r['label']}: "
                          f"{r['compile_error']}")
@@ -301,10 +336,18 @@ def format_markdown(rows: list[dict], title: str = "") -> str:
         out.append("| " + " | ".join(_fmt(r.get(k), f) for _, k, f, _ in shown) + " |")
     out += [""] + [f"- **{h}**: {text}" for h, _, _, text in shown]
     for r in rows:
+        if r.get("syncs_over_vanilla"):
+            out.append(f"- {waits_line(r)}")
         if r.get("compile_error"):
             out.append(f"- compile failed for {r['label']} at {r['width']}x{r['height']}: "
                        f"`{r['compile_error']}`")
     return "\n".join(out) + "\n"
+
+
+def device_name(env: dict) -> str:
+    """The device a run's ``environment`` ran on, as the JSONs name it: the GPU's name, else the CPU's and its cores."""
+    return env.get("gpu") or (f"cpu ({env['cpu']}, {env.get('cpu_count')} cores)" if env.get("cpu")
+                              else env.get("device", "cpu"))
 
 
 def write_json(result: dict, path: Path) -> Path:
@@ -312,9 +355,7 @@ def write_json(result: dict, path: Path) -> Path:
     JSON in docs/results names."""
     env = result.get("environment") or {}
     if env and "device" not in result:
-        device = env.get("gpu") or (f"cpu ({env['cpu']}, {env.get('cpu_count')} cores)" if env.get("cpu")
-                                    else env.get("device", "cpu"))
-        result = {"device": device, "commit": env.get("commit"), **result}
+        result = {"device": device_name(env), "commit": env.get("commit"), **result}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, allow_nan=True) + "\n")
     return path

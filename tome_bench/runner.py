@@ -78,13 +78,16 @@ class BenchConfig:
     device: str = "cpu"
     attention: str = "default"
     blocks: int = 2             # DiTs: blocks of each kind (full depth does not fit a CPU)
+    depth: str = "blocks"       # DiTs: "blocks" (``blocks`` of each kind) or "released" (the released models, on a GPU)
     frames: int = 33            # Wan: video frames (4k + 1)
     ops: bool = False           # also count ATen ops and bytes moved per forward (op_count)
     # latents: "noise" (seeded), "photo" (a photograph at the bench's step, see ``content``), or "both":
     # timed on noise, errors also on the photo (the warm-up round runs each variant on it as well)
     content: str = "noise"
     photo: str = "astronaut"    # --content photo/both: which of content.PHOTOS
-    trace: bool = False         # --profile: every case's rows carry a profiled trace's summary (trace_summary)
+    # every case's rows carry a profiled trace's summary (trace_summary), their GPU time from it: --profile, and
+    # always on CUDA
+    trace: bool = False
     trace_dir: str | None = None  # where the traces are kept, gzipped (None: summaries only)
     skipped: dict = field(default_factory=dict)  # method -> reason, filled by ``resolve``
 
@@ -129,6 +132,7 @@ class BenchConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         content.check(self.content, self.photo)
         kind.check(self, method_names)
+        self.trace = self.trace or torch.device(self.device).type == "cuda"
 
     @property
     def kind(self) -> BenchFamily:
@@ -380,6 +384,10 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig,
             times = [measure.timed(lambda: forward(compiled, inputs), device)[0]
                      for _ in range(cfg.repeats)]
             recompiles = graphs["unique_graphs"] - before
+            if cfg.trace:  # the compiled forward's GPU time and host waits (CUDA graphs: the replayed kernels)
+                from .profiling import trace_forwards
+
+                trace = trace_forwards(lambda: forward(compiled, inputs), device)
     except Exception as e:  # noqa: BLE001 - any compile failure is a result to report
         msg = (str(e).strip().splitlines() or [""])[0][:200]
         return {"error": f"{type(e).__name__}: {msg}"}
@@ -387,6 +395,8 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig,
         torch_log.removeHandler(handler)
         torch._dynamo.reset()
     result = {"times": times, "first_s": first_s, "out": out, "recompiles": recompiles, "graphs": before}
+    if cfg.trace:
+        result["trace"] = trace
     if mode == "reduce-overhead" and device.type == "cuda":
         result["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - skips_before
         result["cudagraph_skip_reasons"] = reasons
@@ -452,6 +462,9 @@ def _compiled_row(eager: dict, v: Variant, c: dict, cb: dict, base_times: list, 
         # compiled variants run in blocks (a patch change would recompile), not interleaved
         row["speedup"] = statistics.median(cb["times"]) / t
         row["speedup_best"] = min(cb["times"]) / min(c["times"])
+        if "trace" in c and "trace" in cb:
+            row["trace"] = c["trace"]
+            row.update(trace_summary.versus_vanilla(c["trace"], cb["trace"]))
     # compiled output against the eager vanilla output: compile error and patch error together
     row["rel_err"], row["cfg_err"] = errors(c["out"], out_base, cfg.guidance)
     return row
@@ -485,6 +498,7 @@ def run_case(model, family: str, size: tuple[int, int], variants: list[Variant],
         traces = trace_variants(model, case, family, size, variants, cfg, progress)
         for row, v in zip(rows, variants):
             row["trace"] = traces[v]
+            row.update(trace_summary.versus_vanilla(traces[v], traces[variants[0]]))
             if v != variants[0]:
                 row["trace_vs_vanilla"] = trace_summary.difference(traces[v], traces[variants[0]])
     emit = emit or (lambda _: None)
@@ -575,8 +589,10 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
                         bar.set_description(f"{family} {size[0]}x{size[1]} profiling")
                         profiles.append(profile_case(model, family, size, variants, cfg))
                         prof = prof or profiles[0]
-                del model
+                del model  # one model at a time: a released DiT takes up to half an 80 GB card
                 gc.collect()
+                if torch.device(cfg.device).type == "cuda":
+                    torch.cuda.empty_cache()
     finally:
         bar.close()
     result = {"config": cfg.as_dict(), "rows": rows, "skipped": dict(cfg.skipped),

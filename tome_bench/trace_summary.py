@@ -25,6 +25,8 @@ HOST_API_CATS = ("cuda_runtime", "cuda_driver")
 # runtime calls that make the host wait for the device, or allocate (a sync on most allocators), counted by name
 COUNTED_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMalloc",
                  "cudaFree", "cudaHostAlloc", "cudaMallocHost", "cudaFreeHost")
+SYNC_CALLS = COUNTED_CALLS[:3]  # the host waits for the device
+HTOD = "cudaMemcpy HtoD"  # a host-to-device copy: made from a value on the host (issue 45: t[idx] = True on CUDA)
 SDPA_OPS = {  # the aten op each SDPA backend dispatches to (as tome_bench.device.SDPA_KERNELS)
     "aten::_scaled_dot_product_flash_attention": "flash",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "flash-cpu",
@@ -100,6 +102,14 @@ def _counted_calls(host_api: list[dict], by_correlation: dict, start: float, sto
     return calls
 
 
+def _in_forwards(host_api: list[dict], ranges: list[dict], by_correlation: dict) -> tuple[int, int]:
+    """(host syncs, host-to-device copies) among the host API calls made inside a forward's range (on its thread):
+    what the forwards themselves did, without the profiled block's own synchronisation after them."""
+    inside = [e for e in host_api if any(_inside(r, e) for r in ranges)]
+    calls = _counted_calls(inside, by_correlation, float("-inf"), float("inf"))
+    return sum(calls[name] for name in SYNC_CALLS), calls[HTOD]
+
+
 def _sdpa_kernels(ops: list[dict], host_api: list[dict], by_correlation: dict, start: float) -> dict:
     """Per SDPA backend: its calls, and the device kernels launched inside them (same thread, within the op)."""
     sdpa: dict = {}
@@ -128,7 +138,8 @@ def summarize(trace: dict, forwards: int = 1) -> dict:
     device event), busy_share (gpu_busy / wall; None without device events), calls (each ``COUNTED_CALLS`` name
     and ``cudaMemcpy DtoH`` / ``HtoD``: the host API copies by the direction of the copy they launched, per
     forward), sdpa (per SDPA backend: calls per forward and the device kernels they launched), top_kernels (the
-    ``TOP`` kernels by time: name, ms and launches per forward).
+    ``TOP`` kernels by time: name, ms and launches per forward), forward_syncs and forward_htod (the ``SYNC_CALLS``
+    and host-to-device copies made inside the forwards' ranges, per forward; None without ranges).
     """
     events = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
     forwards = max(int(forwards), 1)
@@ -147,6 +158,7 @@ def summarize(trace: dict, forwards: int = 1) -> dict:
         if correlation is not None:
             by_correlation[correlation].append(e)
     calls = _counted_calls(host_api, by_correlation, start, stop)
+    syncs, htod = _in_forwards(host_api, ranges, by_correlation) if ranges else (None, None)
     sdpa = _sdpa_kernels(ops, host_api, by_correlation, start)
     per_kernel: dict = defaultdict(lambda: [0.0, 0])
     for e in kernels:
@@ -164,12 +176,39 @@ def summarize(trace: dict, forwards: int = 1) -> dict:
         "wall_ms": per(wall_us / 1000),
         "busy_share": round(busy_us / wall_us, 3) if device and wall_us > 0 else None,
         "calls": {name: per(count) for name, count in sorted(calls.items())},
+        "forward_syncs": None if syncs is None else per(syncs),
+        "forward_htod": None if htod is None else per(htod),
         "sdpa": {backend: {"calls": per(entry["calls"]),
                            "kernels": {name: per(n) for name, n in entry["kernels"].most_common()}}
                  for backend, entry in sorted(sdpa.items())},
         "top_kernels": [{"name": name, "ms": per(us / 1000), "launches": per(count)}
                         for name, (us, count) in top],
     }
+
+
+def host_waits(summary: dict) -> tuple[float, float]:
+    """(host syncs, host-to-device copies) per steady forward: inside the forwards (``forward_syncs``,
+    ``forward_htod``), or for a summary written before those (their window's ``calls``) the stream and event
+    synchronisations and the HtoD copies, leaving out the device synchronisation that ends the profiled block."""
+    if summary.get("forward_syncs") is not None:
+        return summary["forward_syncs"], summary["forward_htod"]
+    calls = summary.get("calls") or {}
+    return sum(calls.get(name, 0.0) for name in SYNC_CALLS if name != "cudaDeviceSynchronize"), calls.get(HTOD, 0.0)
+
+
+def versus_vanilla(summary: dict, vanilla: dict) -> dict:
+    """A row's GPU time and host waits against vanilla's, from the two trace summaries: gpu_ms (the device's busy time
+    per forward: kernels, copies and sets), gpu_speedup (vanilla's gpu_ms over the row's; None without device
+    events), syncs / htod per forward, their excess over vanilla's and ``syncs_over_vanilla``: either is higher (a
+    steady forward of a patch should add no host sync and no upload). Empty for a trace without device events (the
+    CPU's: no GPU time, no CUDA calls)."""
+    gpu, base = summary.get("gpu_busy_ms"), vanilla.get("gpu_busy_ms")
+    if gpu is None:
+        return {}
+    (syncs, htod), (base_syncs, base_htod) = host_waits(summary), host_waits(vanilla)
+    return {"gpu_ms": gpu, "gpu_speedup": round(base / gpu, 4) if gpu and base else None,
+            "syncs": syncs, "htod": htod, "syncs_added": round(syncs - base_syncs, 3),
+            "htod_added": round(htod - base_htod, 3), "syncs_over_vanilla": syncs > base_syncs or htod > base_htod}
 
 
 def difference(method: dict, vanilla: dict) -> dict:

@@ -14,6 +14,8 @@ to ``docs/results/<name>.json`` there, else to the current folder):
 - ``matching_reuse``: the error and the work of keeping a merge's matching for N model calls (``match_every``).
 - ``merged_token_use``: how a merged token is used and chosen on DiTs, at equal tokens: proportional and balanced
   attention, soft merge/unmerge, medoid destinations (``tome_bench.merge_variants``), noise and photo.
+- ``frontier``: each merging family's largest ratio at tomesd's quality (tomesd r=0.5 on SD1.5 1024² in the same run),
+  noise and photo, with its wall and GPU-time speed-ups; ``--device cuda --depth released`` on a GPU.
 """
 from pathlib import Path
 
