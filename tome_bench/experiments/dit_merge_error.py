@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -356,11 +355,7 @@ def tables(result: dict) -> str:
 
 
 def _commit() -> Optional[str]:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
+    return report.source_commit()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -16,7 +16,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import time
 from typing import Callable, Dict, List, Tuple
 
@@ -26,6 +25,7 @@ import tome_core
 from tome_bench import content, dit_models, measure
 from tome_bench.models import build_unet, make_inputs, peaked_attention
 from tome_bench.op_count import count_ops
+from tome_bench.report import source_commit
 
 from . import results_path
 
@@ -181,8 +181,7 @@ def main(argv=None) -> dict:
                            size, "tiny" if args.tiny else "full", measure.DTYPES[args.dtype])
         results.append(found)
         print(json.dumps(found, indent=1), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = {"device": "cpu", "commit": commit, "experiment": "matching_reuse",
+    out = {"device": "cpu", "commit": source_commit(), "experiment": "matching_reuse",
            "command": "python -m tome_bench.experiments.matching_reuse " + " ".join(argv or []),
            "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
            "threads": torch.get_num_threads(),
