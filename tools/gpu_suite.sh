@@ -70,9 +70,11 @@ if [ "${1:-}" = --prepare ]; then  # here, with internet: what the machine needs
   echo "$commit" > tome_bench/COMMIT
   ls -la .whl tome_bench/COMMIT
   cat <<'MSG'
-On the lent machine, from the project root (carry .whl and tome_bench/COMMIT), two calls, the second at once:
-  TOME_GPU_STAGE=1 bash tools/gpu_suite.sh "$OUT/gpu"     (about 480 s; timeout_s 540)
-  TOME_GPU_STAGE=2 bash tools/gpu_suite.sh "$OUT/gpu"     (about 240 s; timeout_s 290)
+On the lent machine, from the project root (the device tool: carry .whl and tome_bench/COMMIT), two calls, the
+second at once on the warm machine (/tmp/gpu stays there between them; 8 files at most come back from $OUT, and
+gpu_results.json holds every part's results.json):
+  TOME_GPU_STAGE=1 bash tools/gpu_suite.sh /tmp/gpu; cp /tmp/gpu/gpu_results.json /tmp/gpu/log.txt "$OUT"/  (timeout_s 540)
+  TOME_GPU_STAGE=2 bash tools/gpu_suite.sh /tmp/gpu; cp /tmp/gpu/gpu_results.json /tmp/gpu/log.txt "$OUT"/  (timeout_s 290)
 MSG
   exit 0
 fi
