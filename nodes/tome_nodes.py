@@ -10,14 +10,14 @@ from typing import Any, Dict, Optional
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
     from ..tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from ..tome_core.adapters.model_patcher.plan import default_mode, plan_patch
+    from ..tome_core.adapters.model_patcher.plan import default_mode, plan_patch, resolve
     from ..tome_core.adapters.model_patcher.unet import merger_of
     from ..tome_core.adapters.model_patcher.dit_merge import merge_patch_of
     from ..tome_core.catalogue.families import UNET_FAMILIES, default_modes, merging, mode_summary, short_title
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from tome_core.adapters.model_patcher.plan import default_mode, plan_patch
+    from tome_core.adapters.model_patcher.plan import default_mode, plan_patch, resolve
     from tome_core.adapters.model_patcher.unet import merger_of
     from tome_core.adapters.model_patcher.dit_merge import merge_patch_of
     from tome_core.catalogue.families import UNET_FAMILIES, default_modes, merging, mode_summary, short_title
@@ -171,10 +171,11 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     node_id: the node's id, to which the speed check's verdicts are sent when sampling decides them.
     """
     values = dict(COMFY_DEFAULTS, **values)
+    resolved = resolve(model)  # the model as the catalogue knows it, read once for the whole patch
     if "mode" not in values:  # the basic node: the family's default on a DiT (the catalogue's default_mode)
-        values = dict(values, mode=default_mode(model))
+        values = dict(values, mode=default_mode(resolved))
     config = _config(spec, **values)
-    plan = plan_patch(model, config)  # validated and described before anything is registered
+    plan = plan_patch(resolved, config)  # validated and described before anything is registered
     patched = plan.attach()
     merger = merger_of(patched) if plan.kind == "unet" else None
     if merger is not None and node_id is not None:

@@ -106,8 +106,10 @@ def test_the_tools_stand_on_the_public_api_and_nothing_below_imports_them():
     assert not own_imports("tome_core.__main__", top_level_only=True) & tools  # on use: `import tome_core` skips it
 
 
-def test_no_import_cycles_at_module_level():
-    graph = {module: own_imports(module, top_level_only=True) - {module} for module in MODULES}
+def test_no_import_cycles():
+    """None at module level, nor through an import made on use inside a function (a circle all the same: the binding
+    types once reached the catalogue that lists them that way, and the speed check the plan that asks it)."""
+    graph = {module: own_imports(module) - {module} for module in MODULES}
     visiting, done, cycles = set(), set(), []
 
     def visit(module, trail):
@@ -148,3 +150,25 @@ def test_units_a_reader_can_hold():
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
     assert long == []
+
+
+def test_the_binding_types_know_nothing_of_the_catalogue_that_lists_them():
+    """diffusers_dits and comfy_dits are types and readers; finding a model's binding reads the catalogue
+    (diffusers_lookup, comfy_lookup), and the speed check never asks for the plan that asks it."""
+    catalogue = {"tome_core.catalogue.families", "tome_core.catalogue.diffusers_lookup", "tome_core.catalogue.comfy_lookup"}
+    for binding in ("tome_core.catalogue.diffusers_dits", "tome_core.catalogue.comfy_dits"):
+        assert not own_imports(binding) & catalogue, binding
+    assert "tome_core.engine.plan" not in own_imports("tome_core.engine.speed_check")
+
+
+def test_one_call_plan_serves_every_dit_adapter():
+    """The per-call work of both DiT modes lives once, in the engine (engine/call_plan.py): each host's per-call
+    mechanism routes to it, and the matching and its set-up (``match_grid``) are called from that one place."""
+    per_call = ("tome_core.adapters.hooks.dit_call", "tome_core.adapters.model_patcher.dit_call",
+                "tome_core.adapters.wanvideo.state")
+    for module in per_call:
+        assert "tome_core.engine.call_plan" in own_imports(module), module
+    callers = sorted(module for module, path in MODULES.items() if module != "tome_core.engine.token_merge"
+                     and any(isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
+                             == "match_grid" for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))))
+    assert callers == ["tome_core.engine.call_plan"]

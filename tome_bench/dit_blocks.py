@@ -26,7 +26,7 @@ import torch
 
 from tome_core.engine.config import ToMeConfig
 from tome_core.adapters.hooks import dit as diffusers_dit
-from tome_core.catalogue.diffusers_dits import family_of
+from tome_core.catalogue.diffusers_lookup import family_of
 from . import dit_models
 
 RANGES: Tuple[Tuple[float, float], ...] = ((0.0, 1.0), (0.0, 0.5), (0.5, 1.0), (0.0, 1 / 3), (1 / 3, 2 / 3),

@@ -142,7 +142,7 @@ def refiner_layers(blocks: int, scale: str = "full") -> int:
 def _qk_parameters(model: torch.nn.Module) -> List[torch.Tensor]:
     """What sets the logit scale of every attention mode "kv" reduces: the q/k RMSNorm weights where
     the attention has them (all three families), else the q/k projections. Cross-attention is left alone."""
-    from tome_core.catalogue.diffusers_dits import family_of
+    from tome_core.catalogue.diffusers_lookup import family_of
 
     found = []
     for _, attn, _ in family_of(model).attentions(model):

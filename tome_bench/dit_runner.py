@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from tome_core.catalogue.diffusers_dits import merging_families
+from tome_core.catalogue.diffusers_lookup import merging_families
 from tome_core.catalogue.families import BY_NAME, modes_of
 
 from . import dit_models, measure, released

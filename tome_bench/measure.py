@@ -41,8 +41,8 @@ def forward(unet: torch.nn.Module, inputs: Inputs) -> torch.Tensor:
     return out.float()
 
 
-GPU_ROUND_S = 0.25  # CUDA: back-to-back forwards per timing, so one timing spans at least this long
-GPU_MAX_FORWARDS = 64
+GPU_ROUND_S = timing.STEADY_SPAN_S  # CUDA: back-to-back forwards per timing (the speed check's span too)
+GPU_MAX_FORWARDS = timing.STEADY_MAX_CALLS
 
 
 def once(fn: Forward, device: torch.device) -> tuple[float, torch.Tensor]:

@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten
 import tome_core
 from tome_bench import dit_models
 from tome_bench.models import build_unet, make_inputs
-from tome_core.catalogue.diffusers_dits import family_of
+from tome_core.catalogue.diffusers_lookup import family_of
 
 META = torch.device("meta")
 

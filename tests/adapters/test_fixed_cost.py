@@ -192,3 +192,89 @@ def test_the_experiment_counts_and_times_a_tiny_unet_on_a_stand_in_clock():
         assert row["timing"]["ratios"] == pytest.approx([1.0] * 2)
         assert row["timing"]["first_call_ms"] == pytest.approx([3000.0] * 2)
     assert case["rows"][0]["host_syncs"] == 0 and "1.000x vanilla" in lines[0]
+
+
+def python_calls(fn) -> int:
+    """Every Python function call ``fn()`` makes (``sys.setprofile``), in any package: a host property walking the
+    model on each call (diffusers' ``ModelMixin.dtype``, 700 calls on a UNet) counts as much as ToMe's own code."""
+    import sys
+
+    calls = [0]
+
+    def profile(frame, event, arg):
+        if event == "call":
+            calls[0] += 1
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(previous)
+    return calls[0]
+
+
+def _forced_verdicts(monkeypatch, speedup: float) -> None:
+    from tome_core.engine import speed_check
+
+    def timer(config, shape, device, dtype, run=None):
+        if run is not None:
+            run(False), run(True)
+        return speedup
+
+    speed_check.forget_verdicts()
+    monkeypatch.setattr(speed_check, "measure_speedup", timer)
+
+
+def test_a_unet_level_the_speed_check_left_whole_costs_what_vanilla_costs(unet, inputs, monkeypatch):
+    """SD1.5 1024 px on an H100: the hosts' default left its level whole, ran vanilla's kernels, and still measured
+    0.974x: diffusers' ``unet.dtype`` walked all of the UNet's modules in every call. A call that reduces nothing now
+    adds a handful of Python calls in all (ToMe's pre-hook, the verdict's look-up, torch's compile guard)."""
+    _forced_verdicts(monkeypatch, 0.9)
+    vanilla_calls = python_calls(lambda: forward(unet, inputs))
+    vanilla, expected = count_ops(lambda: forward(unet, inputs))
+    tome_core.apply_patch(unet, ratio=0.5, **dict(HOST_DEFAULTS, speed_check="on"))
+    try:
+        forward(unet, inputs)  # the first call decides (left whole)
+        count, out = count_ops(lambda: forward(unet, inputs))
+        calls = python_calls(lambda: forward(unet, inputs))
+        assert "left whole" in tome_core.describe(unet)
+        assert block_hooks(unet) == 0
+    finally:
+        tome_core.remove_patch(unet)
+    assert torch.equal(out, expected)
+    assert count.syncs == vanilla.syncs and count.total - vanilla.total <= 2 and count.tome_calls <= 3
+    assert calls - vanilla_calls <= 12, calls - vanilla_calls
+
+
+@pytest.mark.parametrize("mode, how", [("kv", "left whole"), ("merge", "left whole"), ("kv", "outside its window"),
+                                       ("merge", "outside its window")])
+def test_a_transformer_call_that_reduces_nothing_runs_no_tome_code_in_its_blocks(monkeypatch, mode, how):
+    """diffusers DiTs: a call the speed check left whole, or outside the step window, has no ToMe hook on any block
+    (a hook that only returns is still launch time in every block) and adds a handful of Python calls in all."""
+    from tome_bench.dit_models import build_dit, forward as dit_forward, make_dit_inputs
+
+    model = build_dit("flux", blocks=2, scale="tiny")
+    inputs = make_dit_inputs(model, "flux", 2, 64, 64, seed=1)
+    vanilla_calls = python_calls(lambda: dit_forward(model, inputs))
+    vanilla, expected = count_ops(lambda: dit_forward(model, inputs))
+    options = dict(ratio=0.5, mode=mode)
+    if how == "left whole":
+        _forced_verdicts(monkeypatch, 0.9)
+        options["speed_check"] = "on"
+    else:
+        options.update(start_percent=0.0, end_percent=0.1)  # the call is at t=0.5: outside
+    tome_core.apply_patch(model, **options)
+    try:
+        dit_forward(model, inputs)
+        count, out = count_ops(lambda: dit_forward(model, inputs))
+        calls = python_calls(lambda: dit_forward(model, inputs))
+        hooked = [(name, m._forward_pre_hooks, m._forward_hooks) for name, m in model.named_modules()
+                  if m is not model and (m._forward_pre_hooks or m._forward_hooks)]
+    finally:
+        tome_core.remove_patch(model)
+    assert torch.equal(out, expected)
+    assert hooked == []
+    windowed = how == "outside its window"  # a user-set window reads the step: one sync
+    assert count.syncs - vanilla.syncs == int(windowed) and count.total - vanilla.total <= 2 * int(windowed) + 2
+    assert calls - vanilla_calls <= 32, calls - vanilla_calls  # 29: the hook, the memo of its inputs, one look-up

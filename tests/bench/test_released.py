@@ -16,7 +16,7 @@ pytest.importorskip("diffusers")
 
 from test_bench_dit_families import one_thread  # noqa: E402,F401 - autouse: tiny forwards on one thread
 from tome_bench import dit_models, released  # noqa: E402
-from tome_core.catalogue.diffusers_dits import family_of  # noqa: E402
+from tome_core.catalogue.diffusers_lookup import family_of  # noqa: E402
 from tome_core.catalogue.families import BY_NAME  # noqa: E402
 
 # (block counts per block list in run order, width, parameters in billions: diffusers' count of the released models)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tome_core.catalogue import comfy_dits, diffusers_dits
+from tome_core.catalogue import comfy_lookup, diffusers_lookup
 from tome_core.catalogue.families import BY_NAME, CATALOGUE, family_of_binding, markdown_list, titles
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,10 +26,10 @@ def test_one_entry_per_family_and_every_binding_in_exactly_one():
 
 
 def test_the_hosts_lookups_read_the_catalogue():
-    assert diffusers_dits.bindings() == tuple(b for f in CATALOGUE for b in f.diffusers)
-    assert comfy_dits.binding_named("ltx2") in BY_NAME["ltx2"].comfy  # one name: was "ltxav" in ComfyUI's table
-    assert comfy_dits.binding_named("ltx_video") in BY_NAME["ltx_video"].comfy  # was "ltxv"
-    listed = comfy_dits.supported_names()
+    assert diffusers_lookup.bindings() == tuple(b for f in CATALOGUE for b in f.diffusers)
+    assert comfy_lookup.binding_named("ltx2") in BY_NAME["ltx2"].comfy  # one name: was "ltxav" in ComfyUI's table
+    assert comfy_lookup.binding_named("ltx_video") in BY_NAME["ltx_video"].comfy  # was "ltxv"
+    listed = comfy_lookup.supported_names()
     assert all((family.title in listed) == bool(family.comfy) for family in CATALOGUE)
 
 

@@ -15,7 +15,7 @@ import torch._tensor_str  # noqa: E402
 
 from tome_core import apply_patch, remove_patch  # noqa: E402
 from tome_core.adapters.hooks.call_memo import CallMemo  # noqa: E402
-from tome_core.catalogue.diffusers_dits import family_of  # noqa: E402
+from tome_core.catalogue.diffusers_lookup import family_of  # noqa: E402
 from test_dit_families import FAMILIES, run  # noqa: E402
 
 

@@ -16,7 +16,7 @@ from tome_core import apply_patch, is_patched, remove_patch  # noqa: E402
 from conftest import SpyAttention, check_identity_at_ratio_zero_and_after_removal, check_reduced_output  # noqa: E402
 from conftest import seed_weights as _seed_weights  # noqa: E402
 from tome_core.adapters.hooks.dit import STATE_ATTR  # noqa: E402
-from tome_core.catalogue.diffusers_dits import family_of  # noqa: E402
+from tome_core.catalogue.diffusers_lookup import family_of  # noqa: E402
 
 
 def _raster_ids(h: int, w: int, columns: int, first: float = 0.0) -> torch.Tensor:
@@ -639,7 +639,7 @@ def test_ltx2_projects_only_the_kept_video_tokens_for_keys_and_values(monkeypatc
     both keep a token's own rotation)."""
     import dataclasses
 
-    from tome_core.catalogue import diffusers_dits as families
+    from tome_core.catalogue import diffusers_dits, diffusers_lookup
 
     for dtype, rope in ((torch.float32, "split"), (torch.float32, "interleaved"), (torch.bfloat16, "split")):
         model, inputs, where = ltx2(batch=2)
@@ -656,7 +656,7 @@ def test_ltx2_projects_only_the_kept_video_tokens_for_keys_and_values(monkeypatc
         cut = run(model, inputs)
         remove_patch(model)
         entry = family_of(model)
-        monkeypatch.setitem(families.by_class(), families.class_path(model),
+        monkeypatch.setitem(diffusers_lookup.by_class(), diffusers_dits.class_path(model),
                             dataclasses.replace(entry, key_inputs=None))
         apply_patch(model, ratio=0.5, mode="kv", seed=2)
         whole = run(model, inputs)

@@ -88,9 +88,9 @@ def host_where(patcher, where: dict, added: int = 0) -> dict:
     """``where`` (prefix, grid, suffix of the joint attention, as ComfyUI 0.3.x runs HunyuanVideo: [video, text]) on
     the running host: ComfyUI 0.13+ runs [text, video], so the suffix and the ``added`` tokens the model puts
     beside its text (byT5, vision) come before the grid there."""
-    from tome_core.catalogue.comfy_dits import grid_last
+    from tome_core.catalogue.comfy_lookup import comfy_model
 
-    if grid_last(patcher.model.diffusion_model):
+    if comfy_model(patcher.model.diffusion_model).grid_last:
         return dict(prefix=where["prefix"] + where["suffix"] + added, grid=where["grid"], suffix=0)
     return where
 
@@ -457,7 +457,7 @@ def test_every_attention_backend_comfyui_can_select_gets_the_shortened_keys(comf
     so ToMe's override reaches it, and it computes exactly the attention over the kept keys/values."""
     import comfy.ldm.modules.attention as attention
     from tome_core.adapters.model_patcher.dit import CallPlan, DiTKVPatch
-    from tome_core.catalogue.comfy_dits import binding_named
+    from tome_core.catalogue.comfy_lookup import binding_named
     from tome_core.engine.grid import TokenLayout
     from tome_core.engine.schedule import SigmaWindow
 

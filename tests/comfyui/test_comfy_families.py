@@ -681,13 +681,13 @@ def test_hunyuan_video_layout_follows_the_host(comfy, monkeypatch):
     tests check the kept keys on the running host's real order."""
     import comfy.ldm.flux.layers as layers
 
-    from tome_core.catalogue.comfy_dits import grid_last
+    from tome_core.catalogue.comfy_lookup import comfy_model
 
     patcher = _hunyuan_patcher(comfy, _require("comfy.supported_models", "HunyuanVideo15"), in_channels=33,
                                patch_size=[1, 1, 1], axes_dim=[4, 6, 6], use_cond_type_embedding=True, vision_in_dim=32)
     model = patcher.model.diffusion_model
     text_first = "flipped_img_txt" not in inspect.signature(layers.DoubleStreamBlock.__init__).parameters
-    assert grid_last(model) == text_first
+    assert comfy_model(model).grid_last == text_first
     assert patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode="kv")) is not patcher
 
     class TextFirstDoubleStreamBlock(layers.DoubleStreamBlock):
@@ -697,7 +697,7 @@ def test_hunyuan_video_layout_follows_the_host(comfy, monkeypatch):
                              operations=operations)
 
     monkeypatch.setattr(layers, "DoubleStreamBlock", TextFirstDoubleStreamBlock)
-    assert grid_last(model)
+    assert comfy_model(model).grid_last
 
 
 def test_z_image_calls_with_reference_latents_are_left_whole(comfy):

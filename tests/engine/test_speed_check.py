@@ -169,8 +169,9 @@ def test_level_matching_is_the_identity_at_ratio_zero_and_after_removal(unet, in
 
 
 def test_the_speed_check_times_the_real_model_call_where_the_host_can_repeat_it(unet, inputs):
-    """diffusers/WebUI hooks repeat the call in progress: a warm-up and CALL_ROUNDS rounds, whole then with the
-    level reduced, and the verdict says it timed the model call; the call's own output is ToMe's as without it."""
+    """diffusers/WebUI hooks repeat the call in progress: a warm-up of each side, then CALL_ROUNDS reduced spans each
+    between two whole spans, and the verdict says it timed the model call; the call's own output is ToMe's as
+    without it."""
     calls = []
     handle = unet.conv_in.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
@@ -178,7 +179,7 @@ def test_the_speed_check_times_the_real_model_call_where_the_host_can_repeat_it(
         again, _ = patched_run(unet, inputs, ratio=0.5, speed_check="on")  # the verdict is cached
     finally:
         handle.remove()
-    assert len(calls) == 1 + 2 * (1 + speed_check.CALL_ROUNDS) + 1
+    assert len(calls) == 1 + 2 + (2 * speed_check.CALL_ROUNDS + 1) + 1
     assert "level 1 (16x16 tokens, 5 blocks) at 128x128 px: " in text and "the model call with merging measured" in text
     reduced = "reduced: the model call" in text
     plain, _ = patched_run(unet, inputs, ratio=0.5)

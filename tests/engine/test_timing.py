@@ -83,20 +83,37 @@ def test_the_speed_check_reads_the_steady_ratio_not_the_first_call():
     speedup = speed_check.measure_speedup(ToMeConfig(ratio=0.5), None, torch.device("cpu"), torch.float32,
                                           run=run, clock=clock)
     assert speedup == pytest.approx(2.0)
-    calls = timing.calls_for(0.010, speed_check.SPAN_S, 1, speed_check.MAX_SPAN_CALLS)
-    assert calls == 5
-    # warm-up (whole, reduced), the sizing call, then spans of `calls` calls, whole and reduced interleaved
-    expected = [False, True, False] + ([False] * calls + [True] * calls) * speed_check.CALL_ROUNDS
+    calls = timing.calls_for(0.010, timing.STEADY_SPAN_S, 2, timing.STEADY_MAX_CALLS)
+    assert calls == 25  # the benchmark's steady span: 0.25 s
+    # warm-up (whole, reduced), the sizing call, then spans of `calls` calls: whole, reduced, whole, ..., whole
+    expected = [False, True, False] + [False] * calls + ([True] * calls + [False] * calls) * speed_check.CALL_ROUNDS
     assert order == expected
 
 
-def test_a_long_call_is_checked_in_spans_of_one_call():
-    """A call longer than the span is its own steady state: the check costs 2 + 1 + 2 * CALL_ROUNDS calls."""
+def test_a_long_call_is_checked_in_spans_of_two_calls():
+    """A call longer than the span: spans of 2 calls, as the benchmark's steady rows (2 + 1 + 2 * (2 * CALL_ROUNDS
+    + 1) calls)."""
     clock = VirtualClock()
     run, order = _runner(clock, whole=2.0, reduced=1.0, first_reduced=3.0)
     speedup = speed_check.measure_speedup(ToMeConfig(ratio=0.5), None, torch.device("cpu"), torch.float32,
                                           run=run, clock=clock)
-    assert speedup == pytest.approx(2.0) and len(order) == 3 + 2 * speed_check.CALL_ROUNDS
+    assert speedup == pytest.approx(2.0) and len(order) == 3 + 2 * (2 * speed_check.CALL_ROUNDS + 1)
+
+
+def test_each_reduced_span_is_paired_with_the_whole_spans_beside_it():
+    """A clock drifting during the check (every call 1 % slower than the one before) cannot decide the verdict: each
+    reduced span is compared with the mean of the whole spans before and after it, as the benchmark pairs a row
+    with the vanilla timings around it."""
+    clock = VirtualClock()
+    cost = {"drift": 1.0}
+
+    def run(reduced: bool):
+        cost["drift"] *= 1.01
+        clock.now += (0.5 if reduced else 1.0) * cost["drift"]
+
+    speedup = speed_check.measure_speedup(ToMeConfig(ratio=0.5), None, torch.device("cpu"), torch.float32,
+                                          run=run, clock=clock)
+    assert speedup == pytest.approx(2.0, rel=0.001)
 
 
 def test_the_attention_stand_in_is_timed_in_spans_too(monkeypatch):
@@ -114,6 +131,6 @@ def test_the_attention_stand_in_is_timed_in_spans_too(monkeypatch):
     shape = speed_check.LevelShape("cpu", "float32", 2, (8, 8), 32, 4, 5)
     speedup = speed_check.measure_speedup(config, shape, torch.device("cpu"), torch.float32, clock=clock)
     assert speedup == pytest.approx(4.0)
-    calls = timing.calls_for(64 * 64 * 1e-6, speed_check.SPAN_S, 1, speed_check.MAX_SPAN_CALLS)
-    assert calls == 13
+    calls = timing.calls_for(64 * 64 * 1e-6, timing.STEADY_SPAN_S, 2, timing.STEADY_MAX_CALLS)
+    assert calls == 62
     assert len(clock.spans) == 1 + 2 * speed_check.ROUNDS  # the sizing span, then whole and reduced (kv: no matching)

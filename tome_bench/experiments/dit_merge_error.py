@@ -38,7 +38,7 @@ import torch
 
 import tome_core
 from tome_core.adapters.hooks import dit_merge
-from tome_core.catalogue.diffusers_dits import family_of
+from tome_core.catalogue.diffusers_lookup import family_of
 from tome_bench import content, dit_models, measure, report
 
 from . import results_path

@@ -25,15 +25,22 @@ from tome_core.engine import speed_check, timing
 
 from . import results_path
 
-# (family, width, height, apply_patch options): the hosts' defaults where they reduce
+# (family, width, height, apply_patch options): the hosts' defaults where they reduce, and the cases the H100 run of
+# b9681bc found off (SD1.5 512: verdict 0.918 where the bench read 0.818; SDXL 1024 kv r=0.75: "1.07x, reduced"
+# where the bench read 0.94x; Qwen-Image: 1.37x where the bench read 1.46x; Z-Image: KeyError), launch-bound first
 GPU_CASES = (("sd15", 512, 512, dict(ratio=0.5, matching="level")),
+             ("sdxl", 1024, 1024, dict(ratio=0.75, mode="kv")),
              ("sd15", 1024, 1024, dict(ratio=0.5, matching="level")),
+             ("sd15", 1024, 1024, dict(ratio=0.75, mode="kv")),
              ("sdxl", 1024, 1024, dict(ratio=0.5, matching="level")),
-             ("flux", 1024, 1024, dict(ratio=0.5, mode="merge")),
-             ("qwen_image", 1328, 1328, dict(ratio=0.5, mode="merge")),
              ("z_image", 1024, 1024, dict(ratio=0.5, mode="merge")),
-             ("wan", 832, 480, dict(ratio=0.5, mode="merge")))
-TINY_CASES = (("sd15", 128, 128, dict(ratio=0.5, matching="level")), ("flux", 64, 64, dict(ratio=0.5, mode="merge")))
+             ("qwen_image", 1328, 1328, dict(ratio=0.5, mode="merge")),
+             ("flux", 1024, 1024, dict(ratio=0.5, mode="merge")),
+             ("flux", 1024, 1024, dict(ratio=0.5, mode="kv")),
+             ("wan", 832, 480, dict(ratio=0.5, mode="merge")),
+             ("ltx2", 768, 512, dict(ratio=0.5, mode="merge")))
+TINY_CASES = (("sd15", 128, 128, dict(ratio=0.5, matching="level")), ("flux", 64, 64, dict(ratio=0.5, mode="merge")),
+              ("z_image", 64, 64, dict(ratio=0.5, mode="merge")))
 TARGET = 0.05
 
 
@@ -83,24 +90,30 @@ def main(argv=None) -> None:
     cases = TINY_CASES if args.tiny else GPU_CASES
     if args.families:
         cases = [c for c in cases if c[0] in args.families.split(",")]
-    rows = []
-    for family, width, height, options in cases:
-        dtype = ("fp16" if cuda else "fp32") if kind_of(family).kind == "UNet" else ("bf16" if cuda else "fp32")
-        row = run_case(family, width, height, options, args.device, dtype, "tiny" if args.tiny else "full",
-                       args.alternations)
-        rows.append(row)
-        verdict = "none" if row["verdict"] is None else f"{row['verdict']:.3f}"
-        print(f"{family} {width}x{height} {options}: bench {row['bench_ratio']:.3f}x (min "
-              f"{row['bench']['ratio_min']:.3f}, max {row['bench']['ratio_max']:.3f}), verdict {verdict}, "
-              f"difference {row['difference']}", flush=True)
     command = "python -m tome_bench.experiments.speed_check_accuracy " + " ".join(sys.argv[1:] if argv is None
                                                                                  else argv)
     out = {"experiment": "speed_check_accuracy", "command": command.strip(), "device": args.device,
            "torch": torch.__version__, "commit": source_commit(), "environment": environment(args.device),
-           "target": TARGET, "rows": rows}
+           "target": TARGET, "rows": []}
     path = results_path(f"speed_check_accuracy_{'tiny_' if args.tiny else ''}{torch.device(args.device).type}.json")
-    path.write_text(json.dumps(out, indent=2, default=str) + "\n")
-    print(f"wrote {path}")
+    for family, width, height, options in cases:  # every case it ran is listed, its error too; written as it goes
+        dtype = ("fp16" if cuda else "fp32") if kind_of(family).kind == "UNet" else ("bf16" if cuda else "fp32")
+        try:
+            row = run_case(family, width, height, options, args.device, dtype, "tiny" if args.tiny else "full",
+                           args.alternations)
+        except Exception as error:  # noqa: BLE001 - a case that fails is a finding, listed with its error
+            row = {"family": family, "width": width, "height": height, "options": options,
+                   "error": f"{type(error).__name__}: {error}"}
+            print(f"{family} {width}x{height} {options}: {row['error']}", flush=True)
+        else:
+            verdict = "none" if row["verdict"] is None else f"{row['verdict']:.3f}"
+            print(f"{family} {width}x{height} {options}: bench {row['bench_ratio']:.3f}x (min "
+                  f"{row['bench']['ratio_min']:.3f}, max {row['bench']['ratio_max']:.3f}), verdict {verdict}, "
+                  f"difference {row['difference']}", flush=True)
+        out["rows"].append(row)
+        out["within_target"] = sum(bool(r.get("within_target")) for r in out["rows"])
+        path.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(f"wrote {path}: {out.get('within_target', 0)} of {len(out['rows'])} cases within +-{TARGET}")
 
 
 if __name__ == "__main__":

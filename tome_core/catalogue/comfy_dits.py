@@ -4,8 +4,8 @@ Classes are matched by module and class name (``comfy.ldm.aura.mmdit.MMDiT``, Au
 ``comfy.ldm.modules.diffusionmodules.mmdit.MMDiT``). A binding says where the text sits in the joint
 attention, its block lists in run order with the block type the model reports for them, which the
 default range reduces, where the patch size is, and which tokens besides text keep every key. The
-bindings are written in the catalogue's entries (``families.py``); the ComfyUI adapter's layout and
-reports read a call through them. ComfyUI schedules by sigma (its model_sampling maps percent to
+bindings are written in the catalogue's entries (``families.py``) and found by ``comfy_lookup``; this module
+knows nothing of the list. The ComfyUI adapter's layout and reports read a call through them. ComfyUI schedules by sigma (its model_sampling maps percent to
 sigma), so no timestep scale is needed here.
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple, Union
 
 from ..engine.blocks import default_start as block_default_start
@@ -184,38 +183,14 @@ WAN_APPENDED = (TIME_CONCAT, Appended("reference_latent", place="before", padded
 # Every Wan class: its i2v cross-attention's CLIP image tokens; 2026-08 classes that patch one latent report its grid.
 WAN_HOST: Dict[str, Any] = dict(cross_keys=("clip_fea",), host_reports=("grid_sizes",))
 
-@lru_cache(maxsize=None)
-def _tables() -> Tuple[Tuple["ComfyDiT", ...], Dict[str, "ComfyDiT"], Dict[str, "ComfyDiT"]]:
-    """Every ComfyUI binding of the catalogue, by name and by "module.Class" (built on first use)."""
-    from .families import CATALOGUE
-
-    table = tuple(binding for family in CATALOGUE for binding in family.comfy)
-    return table, {b.name: b for b in table}, {cls: b for b in table for cls in b.classes}
-
-
-def bindings() -> Tuple["ComfyDiT", ...]:
-    return _tables()[0]
-
-
-def binding_named(name: str) -> "ComfyDiT":
-    return _tables()[1][name]
-
-
 def base_model(diffusion_model: Any) -> Any:
     """The diffusion model itself, seen through torch.compile's OptimizedModule."""
     return getattr(diffusion_model, "_orig_mod", diffusion_model)
 
 
-def family_of(diffusion_model: Any) -> Optional[ComfyDiT]:
-    """The table entry of a diffusion model's class (module and class name), else None."""
-    cls = type(base_model(diffusion_model))
-    return _tables()[2].get(f"{cls.__module__}.{cls.__qualname__}")
-
-
-def grid_last(diffusion_model: Any) -> bool:
+def grid_last(entry: Optional["ComfyDiT"]) -> bool:
     """Whether this host runs the family's sequence as [everything else, grid] (``grid_last_without``): the host
     class lacks the parameter the "last" layout depends on."""
-    entry = family_of(diffusion_model)
     if entry is None or entry.grid_last_without is None:
         return False
     path, parameter = entry.grid_last_without
@@ -227,10 +202,9 @@ def grid_last(diffusion_model: Any) -> bool:
     return parameter not in inspect.signature(host_class.__init__).parameters
 
 
-def unreached(diffusion_model: Any) -> Optional[str]:
+def unreached(entry: Optional["ComfyDiT"], diffusion_model: Any) -> Optional[str]:
     """Why this host's class cannot reach the attention override (``blocks_reached_by``), else None. Read from the
     class's own source: a method whose source cannot be read counts as not reaching (never guessed)."""
-    entry = family_of(diffusion_model)
     if entry is None or entry.blocks_reached_by is None:
         return None
     method, text = entry.blocks_reached_by
@@ -245,18 +219,6 @@ def unreached(diffusion_model: Any) -> Optional[str]:
             "transformer_options, so no attention override reaches them; update ComfyUI (2026 ComfyUIs pass them)")
 
 
-def merging_names() -> str:
-    """The families whose blocks mode "merge" reaches in ComfyUI, for messages."""
-    return ", ".join(binding.name for binding in bindings() if binding.merge is not None)
-
-
-def supported_names() -> str:
-    """The catalogue's families that have a ComfyUI binding, by title (for refusals)."""
-    from .families import CATALOGUE
-
-    return ", ".join(family.title for family in CATALOGUE if family.comfy)
-
-
 def attr_path(obj: Any, path: str) -> Any:
     """The attribute at a dotted path ("patchifier.patch_size", "language_model.layers"), None where one is missing."""
     for part in path.split("."):
@@ -264,9 +226,9 @@ def attr_path(obj: Any, path: str) -> Any:
     return obj
 
 
-def block_offsets(diffusion_model: Any) -> Tuple[Dict[str, int], Dict[str, int]]:
+def block_offsets(entry: Optional["ComfyDiT"], diffusion_model: Any) -> Tuple[Dict[str, int], Dict[str, int]]:
     """Per reported block type: the depth index of its first block, and its count."""
-    model, entry = base_model(diffusion_model), family_of(diffusion_model)
+    model = base_model(diffusion_model)
     offsets: Dict[str, int] = {}
     counts: Dict[str, int] = {}
     for blocks in entry.blocks if entry else ():
@@ -275,9 +237,8 @@ def block_offsets(diffusion_model: Any) -> Tuple[Dict[str, int], Dict[str, int]]
     return offsets, counts
 
 
-def default_start(diffusion_model: Any) -> float:
-    """block_start when none is given (``blocks.default_start`` over this model's block lists)."""
-    entry = family_of(diffusion_model)
-    counts = block_offsets(diffusion_model)[1]
+def default_start(entry: Optional["ComfyDiT"], counts: Dict[str, int]) -> float:
+    """block_start when none is given (``blocks.default_start`` over this model's block lists; ``counts``: their
+    lengths, from ``block_offsets``)."""
     lists = entry.blocks if entry else ()
     return block_default_start([counts[blocks.reported] for blocks in lists], [blocks.default for blocks in lists])

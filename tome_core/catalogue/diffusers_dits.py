@@ -1,23 +1,21 @@
-"""The diffusers DiTs mode "kv" reaches, as data: one ``DiffusersDiT`` entry per model family.
+"""The diffusers DiTs mode "kv" reaches, as data: the ``DiffusersDiT`` binding type of a catalogue entry.
 
 Each entry says which diffusers classes it is (matched by module *and* class name, so two classes
 with one name are never confused), where the text sits in the joint attention, which tokens after
 the grid keep every key (reference images, padding), the block lists in run order with the
 attentions to hook and whether the default block range reduces them, how the token grid follows
-from the call's inputs, and how the timestep maps to sampling progress. ``diffusers_dit`` only
-routes through this table; adding a family is one entry (plus its tests). No diffusers import.
+from the call's inputs, and how the timestep maps to sampling progress. The entries are written in the catalogue
+(``families.py``) and found by ``diffusers_lookup``; this module knows nothing of the list. No diffusers import.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
 from ..engine.blocks import default_start
 from ..engine.schedule import TimestepScale
-from . import token_readers as readers
 from ..engine.grid import TokenLayout
 from ..engine.token_merge import TokenMerge
 from .token_readers import Tokens
@@ -129,6 +127,8 @@ class DiffusersDiT:
     read: the call's grid, text and kept tokens, or None where they cannot be placed (left unreduced).
     key_inputs: where the self-attention takes its keys' inputs apart (``KeyInputs``), else None.
     merge: how mode "merge" reaches its blocks (``MergeInputs``); None: the family takes mode "kv" only.
+    latents: the forward's first argument's name: the latents, a tensor [B, ...] or a list of one per sample
+        (Z-Image's ``x``); the batch and the call memo read it.
     """
 
     name: str
@@ -139,6 +139,7 @@ class DiffusersDiT:
     timestep: Timestep
     key_inputs: Optional[KeyInputs] = None
     merge: Optional[MergeInputs] = None
+    latents: str = "hidden_states"
 
     def __post_init__(self) -> None:
         if self.text not in TEXT_PLACES:
@@ -156,6 +157,11 @@ class DiffusersDiT:
                     if module is not None:  # SD3.5's attn2 exists only in its dual-attention blocks
                         found.append((f"{blocks.attr}.{i}.{attr}", module, kind))
         return found
+
+    def batch(self, args: tuple, kwargs: dict) -> int:
+        """The call's batch, from its latents (``latents``: a tensor's first axis, or one list entry per sample)."""
+        latents = args[0] if args else kwargs[self.latents]
+        return len(latents) if isinstance(latents, (list, tuple)) else int(latents.shape[0])
 
     def default_start(self, model: torch.nn.Module) -> float:
         """block_start when none is given (``blocks.default_start`` over this model's block lists)."""
@@ -180,61 +186,6 @@ DOUBLE_SINGLE = (BlockList("transformer_blocks", (("attn", "joint"),)),
 FLUX_BLOCKS = (BlockList("transformer_blocks", (("attn", "joint"),), default=False),
                 BlockList("single_transformer_blocks", (("attn", "joint"),)))
 
-@lru_cache(maxsize=None)
-def _tables() -> Tuple[Tuple["DiffusersDiT", ...], Dict[str, "DiffusersDiT"], Dict[str, "DiffusersDiT"]]:
-    """Every diffusers binding of the catalogue, by name and by "module.Class" (built on first use)."""
-    from .families import CATALOGUE
-
-    table = tuple(binding for family in CATALOGUE for binding in family.diffusers)
-    return table, {b.name: b for b in table}, {cls: b for b in table for cls in b.classes}
-
-
-def bindings() -> Tuple["DiffusersDiT", ...]:
-    return _tables()[0]
-
-
-def binding_named(name: str) -> "DiffusersDiT":
-    return _tables()[1][name]
-
-
-def by_class() -> Dict[str, "DiffusersDiT"]:
-    """"module.Class" -> binding: the one dict ``family_of`` reads (tests may patch an entry of it)."""
-    return _tables()[2]
-
-
 def class_path(obj: object) -> str:
     cls = type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def family_of(model: object) -> Optional[DiffusersDiT]:
-    """The table entry of ``model``'s class (module and class name), else None."""
-    return by_class().get(class_path(model))
-
-
-def merging_families() -> str:
-    """The families whose blocks mode "merge" reaches in diffusers, for messages."""
-    return ", ".join(binding.name for binding in bindings() if binding.merge is not None)
-
-
-def supported_classes() -> List[str]:
-    return [cls.rsplit(".", 1)[1] for family in bindings() for cls in family.classes]
-
-
-def find_dit(model: object) -> Optional[torch.nn.Module]:
-    """The supported DiT in ``model`` (itself or a pipeline's ``.transformer``), else None."""
-    for candidate in (model, getattr(model, "transformer", None)):
-        if isinstance(candidate, torch.nn.Module) and family_of(candidate) is not None:
-            return candidate
-    return None
-
-
-def unsupported_dit(model: object) -> Optional[str]:
-    """Class name of a transformer-only model that mode "kv" cannot reach (e.g. HunyuanDiT, AuraFlow), else None."""
-    for candidate in (model, getattr(model, "transformer", None)):
-        name = type(candidate).__name__
-        if isinstance(candidate, torch.nn.Module) and family_of(candidate) is None and (
-                ("Transformer" in name or "DiT" in name) and not name.startswith("UNet")
-                or hasattr(candidate, "transformer_blocks") and not hasattr(candidate, "down_blocks")):
-            return name
-    return None

@@ -13,6 +13,7 @@ here (plus its tests). The UNet families (SD1.x, SD2.x, SDXL) are found by their
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Dict, Optional, Tuple
 
 from ..engine.config import MERGE_ATTENTIONS, ToMeConfig
@@ -172,7 +173,8 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
             DiffusersDiT("z_image", (TRANSFORMERS + "transformer_z_image.ZImageTransformer2DModel",), "last",
                          (BlockList("layers", (("attention", "joint"),)),), readers.z_image_tokens,
                          Timestep(1, "t", 1.0, rising=True),
-                         merge=MergeInputs(None, per_token=("freqs_cis", "attn_mask"), joint=("layers",), hidden="x")),
+                         merge=MergeInputs(None, per_token=("freqs_cis", "attn_mask"), joint=("layers",), hidden="x"),
+                         latents="x"),
         ),
         comfy=(
             # Lumina 2 and Z-Image: [caption (+ padding), image (+ padding)] in the main layers; the refiners see
@@ -481,6 +483,14 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
 )
 
 BY_NAME: Dict[str, ModelFamily] = {family.name: family for family in CATALOGUE}
+
+
+@lru_cache(maxsize=None)
+def host_bindings(host: str) -> Tuple[tuple, Dict[str, object], Dict[str, object]]:
+    """Every binding of one host ("diffusers", "comfy") in the catalogue, by name and by "module.Class" (the
+    lookups' tables, built on first use)."""
+    table = tuple(binding for family in CATALOGUE for binding in getattr(family, host))
+    return table, {b.name: b for b in table}, {cls: b for b in table for cls in b.classes}
 
 
 def family_of_binding(binding: object) -> Optional[ModelFamily]:

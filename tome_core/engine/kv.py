@@ -7,6 +7,7 @@ angles shrinks and points nowhere), so ``avg`` is refused for DiTs.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence, Tuple
 
@@ -16,7 +17,8 @@ from .merge import kv_pool_window
 from .grid import TokenLayout
 
 
-def dit_window(ratio: float, grid: Sequence[int], sx: int = 2, sy: int = 2, st: int = 2) -> Tuple[int, ...]:
+@functools.lru_cache(maxsize=256)  # asked in every model call: a cached answer costs no Python call
+def dit_window(ratio: float, grid: Tuple[int, ...], sx: int = 2, sy: int = 2, st: int = 2) -> Tuple[int, ...]:
     """The window (py, px) or (pt, py, px) whose area is closest to 1 / (1 - ratio).
 
     Images use ``kv_pool_window`` unchanged (the UNet choice). Video adds a temporal side of at

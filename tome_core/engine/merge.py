@@ -66,8 +66,7 @@ def make_partition(h: int, w: int, sx: int, sy: int, cell_choice: Optional[torch
     cell_choice = cell_choice.to("cpu", torch.long)
     rows = torch.arange(hsy).view(-1, 1) * sy + cell_choice // sx
     cols = torch.arange(wsx).view(1, -1) * sx + cell_choice % sx
-    is_dst = torch.zeros(h * w, dtype=torch.int8)
-    is_dst[(rows * w + cols).flatten()] = 1
+    is_dst = torch.zeros(h * w, dtype=torch.int8).index_fill_(0, (rows * w + cols).flatten(), 1)
     # A stable sort puts the sources, then the destinations, each in raster order: the same split as
     # nonzero() without its data-dependent shape (the number of destinations is hsy * wsx).
     order = torch.sort(is_dst, stable=True).indices

@@ -42,7 +42,6 @@ class TokenPlan:
 
 IDENTITY_PLAN = TokenPlan()
 RunLevel = Callable[[Tuple[int, int], int, bool], None]  # (grid, downsample, reduced): one real model call
-WHOLE = "tome: level left whole"  # a call's table for a level the speed check leaves whole (a str: traceable)
 
 
 class LevelMatching:
@@ -105,6 +104,7 @@ class TokenMerger:
         self._partitions: Dict[Tuple, Partition] = {}
         self._kv_indices: Dict[Tuple, torch.Tensor] = {}
         self._layouts: Dict[Tuple, List[Tuple[Tuple[int, int], int, bool]]] = {}
+        self._reduced: Dict[Tuple, Tuple] = {}  # (latent, batch, dtype, device) -> reduced_levels
         self._step: List[Any] = [None, 0]  # the last step tensor and its step_choice (draw_table)
         self._warned_grid = False
         self.reuse = MatchingReuse(config.match_every)  # level matchings kept across calls (match_every > 1)
@@ -223,22 +223,43 @@ class TokenMerger:
         level = self.levels.get(downsample)
         return LevelMatching(table, level.blocks if level is not None else 0) if shared else table
 
+    def reduced_levels(self, latent_hw: Tuple[int, int], device: torch.device, batch: int = 0,
+                       dtype: Optional[torch.dtype] = None,
+                       run_level: Optional[RunLevel] = None) -> Tuple[Tuple[Tuple[int, int], int], ...]:
+        """(grid, downsample) of each level a model call of this latent reduces, in depth order: the levels ToMe may
+        act on that the speed check lets through (``call_layout``: decided once per latent size, batch, dtype and
+        device). Empty: the call reduces nothing, and the host runs it as if unpatched."""
+        key = (latent_hw, batch, dtype, device)
+        found = self._reduced.get(key)
+        if found is None:
+            layout = self.call_layout(latent_hw, device, batch, dtype, run_level)
+            found = tuple((grid, downsample) for grid, downsample, pays in layout if pays)
+            if len(self._reduced) >= _MAX_CACHED_PARTITIONS:
+                self._reduced.clear()
+            self._reduced[key] = found
+        return found
+
     def step_tables(self, latent_hw: Tuple[int, int], step_key: Any, device: torch.device,
                     batch: int = 0, dtype: Optional[torch.dtype] = None,
-                    run_level: Optional[RunLevel] = None) -> Dict[Tuple[int, int], Any]:
-        """``table`` of every level grid ToMe may act on for this latent, built once per model call.
+                    run_level: Optional[RunLevel] = None,
+                    levels: Optional[Tuple[Tuple[Tuple[int, int], int], ...]] = None,
+                    reuse: bool = True) -> Dict[Tuple[int, int], Any]:
+        """``table`` of every level grid this model call reduces (``reduced_levels``, or ``levels`` where the host
+        found them already or forces them: a speed-check repeat, which also keeps no matching for later calls:
+        ``reuse`` False), built once per model call.
 
         A host calls this where it reads the step (outside any compiled region) and the blocks
         then only look their grid up: the step's float and the seeded generator never reach
         traced code, so torch.compile neither breaks the graph there nor recompiles per step.
         step_key may be the step's device tensor (``step_choice``: nothing is read on the host).
-        batch, dtype: of the model call, for the speed check (a level it leaves whole gets ``WHOLE``);
-        run_level: see ``pays``.
+        batch, dtype: of the model call, for the speed check; run_level: see ``pays``.
         """
+        if levels is None:
+            levels = self.reduced_levels(latent_hw, device, batch, dtype, run_level)
         tables: Dict[Tuple[int, int], Any] = {}
-        for grid, downsample, pays in self.call_layout(latent_hw, device, batch, dtype, run_level):
-            table = tables[grid] = self.call_table(grid, step_key, device, downsample) if pays else WHOLE
-            if self.reuse.on and isinstance(table, LevelMatching):
+        for grid, downsample in levels:
+            table = tables[grid] = self.call_table(grid, step_key, device, downsample)
+            if self.reuse.on and reuse and isinstance(table, LevelMatching):
                 key = (grid, batch, str(device))
                 table.kept = self.reuse.take(key)
                 table.keep = lambda plan_and_shape, key=key: self.reuse.keep(key, plan_and_shape)
@@ -273,8 +294,6 @@ class TokenMerger:
         """The plan of a block on level ``grid`` from that level's ``table`` (see ``table``)."""
         config = self.config
         h, w = grid
-        if table is WHOLE:
-            return IDENTITY_PLAN
         if config.mode == "kv":
             if table is None:
                 window = self._kv_window

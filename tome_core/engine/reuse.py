@@ -9,11 +9,20 @@ must not outlive it), so every call matches afresh there.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, List, Optional
+from typing import Any, Dict, Hashable, Optional
 
 import torch
 
 _MAX_KEYS = 32
+
+
+class _Kept:
+    """One kept matching and how many calls it has served."""
+
+    __slots__ = ("uses", "matching")
+
+    def __init__(self, matching: Any) -> None:
+        self.uses, self.matching = 1, matching
 
 
 class MatchingReuse:
@@ -24,16 +33,16 @@ class MatchingReuse:
     def __init__(self, every: int) -> None:
         self.every = every
         self.on = every > 1  # an attribute, not a property: read once per level in every model call
-        self.kept: Dict[Hashable, List[Any]] = {}  # key -> [calls it has served, matching]
+        self.kept: Dict[Hashable, _Kept] = {}
         self.marker: Any = None  # what the host last said a sampling run is (``restart_on``)
 
     def take(self, key: Hashable) -> Optional[Any]:
         """The matching to reuse in this call (counted as one more use), or None: match afresh and ``keep`` it."""
         entry = self.kept.get(key)
-        if entry is None or entry[0] >= self.every:
+        if entry is None or entry.uses >= self.every:
             return None
-        entry[0] += 1
-        return entry[1]
+        entry.uses += 1
+        return entry.matching
 
     def keep(self, key: Hashable, matching: Any) -> None:
         """A matching made in this call: reused by the next ``every - 1`` calls of ``key``."""
@@ -41,7 +50,7 @@ class MatchingReuse:
             return
         if key not in self.kept and len(self.kept) >= _MAX_KEYS:
             self.kept.clear()
-        self.kept[key] = [1, matching]
+        self.kept[key] = _Kept(matching)
 
     def restart(self) -> None:
         """Forget every kept matching: the next call of each key matches afresh."""

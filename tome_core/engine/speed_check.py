@@ -27,19 +27,18 @@ import torch.nn.functional as F
 
 from .config import SPEED_CHECKS, ToMeConfig
 from .levels import Level
-from .timing import Clock, calls_for, clock_for, span
+from .merge import do_nothing, kv_pick_index, kv_pool_window, make_partition, match_tokens, pool_tokens
+from .timing import STEADY_MAX_CALLS, STEADY_SPAN_S, Clock, calls_for, clock_for, span
 
-__all__ = ["SPEED_CHECKS", "Verdict", "call_verdict", "verdict", "cached_verdicts", "forget_verdicts",
-           "measure_speedup"]
+__all__ = ["SPEED_CHECKS", "Verdict", "call_verdict", "decided_call", "verdict", "cached_verdicts",
+           "forget_verdicts", "measure_speedup", "time_calls"]
 TIMED_BY_AUTO = ("cuda", "xpu", "mps")  # "auto" times on these; the CPU is where merging always paid
 PAYS_ABOVE = 1.02  # reduce iff the measured speed-up exceeds this: within 2 % of doing nothing, error for no gain
-ROUNDS = 5
-CALL_ROUNDS = 3  # interleaved rounds of real model calls (each a span of whole calls and one of reduced calls)
-# On a GPU each timed span is back-to-back calls lasting at least this long (one call where a call is longer):
-# short calls are launch-bound and need several to show the steady state; a long call is its own steady state,
-# and the check's cost stays that of 2 + 2 * CALL_ROUNDS calls.
-SPAN_S = 0.05
-MAX_SPAN_CALLS = 16
+ROUNDS = 5  # rounds of the self-attention stand-in (hosts that cannot repeat the model call)
+# Reduced spans of a real model call, each between two whole spans (W R W R W R W). On a GPU each span is the
+# benchmark's steady span (timing.STEADY_SPAN_S, at least 2 calls): about 2 s once per call shape and process, so
+# a short launch-bound call is timed as the bench times it (0.05 s spans read 0.92x where the bench read 0.82x).
+CALL_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -107,77 +106,100 @@ class _Attention:
         return F.linear(out.transpose(1, 2).reshape(batch, -1, channels), wo)
 
 
-def measure_speedup(config: ToMeConfig, shape: LevelShape, device: torch.device, dtype: torch.dtype,
+def measure_speedup(config: ToMeConfig, shape: Optional[LevelShape], device: torch.device, dtype: torch.dtype,
                     run: Optional[Callable[[bool], object]] = None, clock: Optional[Clock] = None) -> float:
-    """t_whole / t_reduced on ``device``: of the real model call where the host can repeat it (``run``: whole and
-    with the level reduced, interleaved, after one warm-up each, median of ``CALL_ROUNDS``: what the user gets,
-    hooks, launches and the rest of the model included), else of the level's self-attention over its blocks
-    (per block the merge or key/value reduction, the attention on the fewer tokens and the unmerge, plus the
-    matching: once per level with matching "level", else once per block). Each side is a span of back-to-back
-    calls on a GPU (``timing``); ``clock`` replaces the device's clock (tests).
+    """t_whole / t_reduced on ``device``: of the real model call where the host can repeat it (``run``: the call as
+    the user gets it, whole or reduced, per-call set-up, hooks, launches and the rest of the model included:
+    ``time_calls``), else of the level's self-attention over its blocks (per block the merge or key/value
+    reduction, the attention on the fewer tokens and the unmerge, plus the matching: once per level with matching
+    "level", else once per block). Each side is a steady span as the benchmark times its rows (``timing``);
+    ``clock`` replaces the device's clock (tests).
     """
     clock = clock or clock_for(device)
     if run is not None:
-        return _time_calls(run, clock)
-    from .plan import TokenMerger  # the plan builds the same tables and functions a real step uses
+        return time_calls(run, clock)
+    return _time_attention(config, shape, device, dtype, clock)
 
-    h, w = shape.grid
+
+def _stand_in_reduction(config: ToMeConfig, x: torch.Tensor, grid: Tuple[int, int]) -> Tuple[Callable, Callable]:
+    """(match, reduce) of one level's stand-in: the same tables and ops as a real step's plan (engine ``plan``),
+    built from the merge functions themselves (centre picks: the same cost as seeded ones)."""
+    h, w = grid
+    window = kv_pool_window(config.ratio, config.sx, config.sy)
+    if config.mode == "kv" and config.kv_downsample == "avg":
+        return (lambda: None), (lambda attend: attend(x, pool_tokens(x, h, w, window)))
+    if config.mode == "kv":
+        index = kv_pick_index(h, w, window, None, x.device)
+        return (lambda: None), (lambda attend: attend(x, x.index_select(1, index)))
+    partition = make_partition(h, w, config.sx, config.sy, None, x.device)
+    r = int(x.shape[1] * config.ratio)
+
+    def match():
+        matching = match_tokens(x, partition, r)
+        return (do_nothing, do_nothing) if matching is None else matching.functions()
+
+    merge, unmerge = match()
+    return match, (lambda attend: unmerge(attend(merge(x))))
+
+
+def _time_attention(config: ToMeConfig, shape: LevelShape, device: torch.device, dtype: torch.dtype,
+                    clock: Clock) -> float:
+    """The stand-in's speed-up: the level's blocks' self-attention whole against reduced, plus the matchings."""
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn(shape.batch, h * w, shape.channels, generator=generator).to(device, dtype)
+    x = torch.randn(shape.batch, shape.grid[0] * shape.grid[1], shape.channels, generator=generator).to(device, dtype)
     attention = _Attention(shape.channels, shape.heads, dtype, device)
-    merger = TokenMerger(config)
-    table = merger.table((h, w), 0.0, device)
-    merge = config.mode == "merge"
+    match, reduce = _stand_in_reduction(config, x, shape.grid)
     matches = 1 if config.matching == "level" else shape.blocks
-
-    def plan():
-        return merger.plan_with(x, (h, w), table)
-
-    ready = plan()
+    merge = config.mode == "merge"
 
     def reduced():
-        if merge:
-            return ready.unmerge(attention(ready.merge(x)))
-        return attention(x, ready.reduce_kv(x))
+        return reduce(attention)
 
     def whole():
         return attention(x)
 
     whole_s, reduced_s, match_s = [], [], []
     with torch.no_grad():
-        for fn in (whole, reduced, plan):  # warm-up: kernels chosen, caches filled
+        for fn in (whole, reduced, match):  # warm-up: kernels chosen, caches filled
             fn()
-        calls = _span_calls(whole, clock)
+        calls = span_calls(whole, clock)
         for _ in range(ROUNDS):
             whole_s.append(span(whole, clock, calls)[0])
             reduced_s.append(span(reduced, clock, calls)[0])
-            match_s.append(span(plan, clock, calls)[0] if merge else 0.0)
+            match_s.append(span(match, clock, calls)[0] if merge else 0.0)
     whole_total = shape.blocks * statistics.median(whole_s)
     cost = shape.blocks * statistics.median(reduced_s) + matches * statistics.median(match_s)
     return whole_total / cost
 
 
-def _span_calls(fn: Callable[[], object], clock: Clock) -> int:
-    """Calls per timed span: one where calls do not queue (the CPU), else enough to last ``SPAN_S``."""
+def span_calls(fn: Callable[[], object], clock: Clock) -> int:
+    """Calls per timed span, as the benchmark's steady rows: one where calls do not queue (the CPU), else at least
+    2 and enough to last ``timing.STEADY_SPAN_S`` (sized from one more call of ``fn``)."""
     if not clock.back_to_back:
         return 1
-    return calls_for(span(fn, clock, 1)[0], SPAN_S, 1, MAX_SPAN_CALLS)
+    return calls_for(span(fn, clock, 1)[0], STEADY_SPAN_S, 2, STEADY_MAX_CALLS)
 
 
-def _time_calls(run: Callable[[bool], object], clock: Clock) -> float:
-    """Median whole span over median reduced span, the spans interleaved, after one warm-up call of each."""
-    whole_s, reduced_s = [], []
+def time_calls(run: Callable[[bool], object], clock: Clock) -> float:
+    """The model call's speed-up as the benchmark measures a row: after one warm-up call of each side, steady spans
+    alternated whole, reduced, whole, ... whole (``CALL_ROUNDS`` reduced spans); each reduced span against the mean
+    of the whole spans beside it, so a clock or host drifting during the check cannot decide the sign; the median.
+    ``run(reduced)`` must be the call as the user gets it: the patch's per-call set-up included."""
+    ratios = []
     with torch.no_grad():
         run(False), run(True)  # warm-up: kernels chosen, caches filled, the patch's one-time work done
-        calls = _span_calls(lambda: run(False), clock)
+        calls = span_calls(lambda: run(False), clock)
+        whole = [span(lambda: run(False), clock, calls)[0]]
         for _ in range(CALL_ROUNDS):
-            whole_s.append(span(lambda: run(False), clock, calls)[0])
-            reduced_s.append(span(lambda: run(True), clock, calls)[0])
-    return statistics.median(whole_s) / statistics.median(reduced_s)
+            reduced = span(lambda: run(True), clock, calls)[0]
+            whole.append(span(lambda: run(False), clock, calls)[0])
+            ratios.append((whole[-2] + whole[-1]) / 2 / reduced)
+    return statistics.median(ratios)
 
 
 Timer = Callable[..., float]  # (config, shape, device, dtype, run=None) -> speed-up, as measure_speedup
 _VERDICTS: Dict[Tuple, Verdict] = {}  # process-wide: what was measured on a device holds for every model
+GENERATION = [0]  # bumped by forget_verdicts: a host's own memo of decisions is valid within one generation
 
 
 def verdict(config: ToMeConfig, level: Level, grid: Tuple[int, int], batch: int, dtype: torch.dtype,
@@ -205,6 +227,23 @@ def verdict(config: ToMeConfig, level: Level, grid: Tuple[int, int], batch: int,
     return found
 
 
+def _call_key(config: ToMeConfig, what: Tuple, label: str, dtype: torch.dtype, timer: Optional[Timer]) -> Tuple:
+    return ("call", what, label, str(dtype), config.mode, config.ratio, config.sx, config.sy, config.block_start,
+            config.block_end, config.merge_attention, timer)
+
+
+def decided_call(config: ToMeConfig, what: Tuple, dtype: torch.dtype, device: torch.device,
+                 timer: Optional[Timer] = None) -> Optional[Verdict]:
+    """The verdict ``call_verdict`` would give without timing anything: an untimed one where the check does not time
+    on this device, the cached one, or None where the call shape is still to be timed. A host asks this before it
+    plans a call, so a call shape left whole costs no planning at all."""
+    device = torch.device(device)
+    label = device_label(device)
+    if not should_time(config, device):
+        return Verdict(reduce=True, speedup=None, device=label)
+    return _VERDICTS.get(_call_key(config, what, label, dtype, timer))
+
+
 def call_verdict(config: ToMeConfig, what: Tuple, dtype: torch.dtype, device: torch.device,
                  run: Optional[Callable[[bool], object]], timer: Optional[Timer] = None) -> Verdict:
     """Whether reducing a transformer's model call pays: the call timed whole against reduced (``run``), once per
@@ -215,8 +254,7 @@ def call_verdict(config: ToMeConfig, what: Tuple, dtype: torch.dtype, device: to
     if not should_time(config, device) or run is None:
         return Verdict(reduce=True, speedup=None, device=label if run is not None else f"{label}: cannot repeat "
                        "the call beside another hook on the model")
-    key = ("call", what, label, str(dtype), config.mode, config.ratio, config.sx, config.sy, config.block_start,
-           config.block_end, timer)
+    key = _call_key(config, what, label, dtype, timer)
     found = _VERDICTS.get(key)
     if found is None:
         speedup = (timer or measure_speedup)(config, None, device, dtype, run=run)
@@ -233,3 +271,4 @@ def cached_verdicts() -> Tuple[Verdict, ...]:
 def forget_verdicts() -> None:
     """Drop every cached verdict (after a driver or hardware change, or in tests)."""
     _VERDICTS.clear()
+    GENERATION[0] += 1

@@ -20,6 +20,13 @@ from typing import Any, Callable, Optional, Protocol
 import torch
 
 
+# A steady timing on a GPU: back-to-back calls spanning at least this long (at least 2, at most STEADY_MAX_CALLS).
+# The benchmark's rows and the speed check's verdicts use the same span, so a verdict says what the bench measures
+# (with 0.05 s spans the check read 0.92x at SD1.5 512 px on an H100 where the bench read 0.82x).
+STEADY_SPAN_S = 0.25
+STEADY_MAX_CALLS = 64
+
+
 class Clock(Protocol):
     """Times a span of calls: ``start()``, the calls, then ``stop()`` -> seconds (waiting for the device)."""
 

@@ -152,15 +152,7 @@ def describe(model: object) -> str:
         head = f"ToMe {config.mode} r={config.ratio:g} on {type(dits[0]).__name__}: {len(state.modules)} {what}"
         if config.mode == "merge":
             head += f", {ATTENTION_WORDS[state.attention]}"
-        if config.match_every > 1:
-            head += f", each matching reused for {config.match_every} model calls"
-        notes = list(getattr(state, "notes", ()))  # mode merge: e.g. "balanced attention needs a mask; ...: plain"
-        if config.speed_check == "off":
-            return "\n".join([head + "; speed check off: every call is reduced"] + notes)
-        lines = [head + f"; speed check {config.speed_check}: each call shape is timed once per device "
-                 "(the model call whole against reduced) and left whole where reducing it measured slower"
-                 + (" (auto: on a GPU)" if config.speed_check == "auto" else "")] + notes
-        return "\n".join(lines + (state.describe_verdicts() or ["no call decided yet (decided at the first call)"]))
+        return "\n".join(state.describe(head))
     return "ToMe is not applied to this model."
 
 

@@ -27,9 +27,9 @@ def _part(name: Any, value: Any, by_shape: bool) -> Tuple:
     if isinstance(value, _PLAIN):
         return (name, value)
     if isinstance(value, (list, tuple)):
-        return (name, type(value).__name__, len(value)) + tuple(_part(i, v, by_shape) for i, v in enumerate(value))
+        return (name, type(value).__name__, len(value)) + tuple([_part(i, v, by_shape) for i, v in enumerate(value)])
     if isinstance(value, dict):
-        return (name, "dict", len(value)) + tuple(_part(k, v, by_shape) for k, v in value.items())
+        return (name, "dict", len(value)) + tuple([_part(k, v, by_shape) for k, v in value.items()])
     return (name, id(value), type(value).__qualname__)
 
 
@@ -45,8 +45,9 @@ class CallMemo:
 
     def read(self, args: tuple, kwargs: dict, shape_only: Tuple[Any, ...], compute: Callable[[], Any]) -> Any:
         """shape_only: positions and names of the arguments keyed by shape alone (hidden states, timestep)."""
-        key = tuple(_part(i, v, i in shape_only) for i, v in enumerate(args)) + \
-            tuple(_part(k, v, k in shape_only) for k, v in sorted(kwargs.items()))
+        # list comprehensions, not generators: a generator is a Python call per item (3.11), paid in every step
+        key = tuple([_part(i, v, i in shape_only) for i, v in enumerate(args)] +
+                    [_part(k, v, k in shape_only) for k, v in sorted(kwargs.items())])
         if key != self.key:
             self.value, self.key, self.held = compute(), key, (args, dict(kwargs))
         return self.value

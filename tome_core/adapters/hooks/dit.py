@@ -10,7 +10,7 @@ or copied and no global is touched; removal takes the hooks and the state attrib
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -18,13 +18,14 @@ from torch.overrides import TorchFunctionMode
 
 from ...engine.blocks import chosen_blocks
 from ...engine.config import ToMeConfig, require_dit_config
-from ...catalogue.diffusers_dits import (KeyInputs, family_of, find_dit, merging_families, supported_classes,
-                                         unsupported_dit)
+from ...catalogue.diffusers_dits import KeyInputs
+from ...catalogue.diffusers_lookup import family_of, find_dit, merging_families, supported_classes, unsupported_dit
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
-from ...engine.kv_state import KVPatchState
+from ...engine.call_plan import CallPlanner, CallReading
 from . import dit_merge
 from .dit_call import STATE_ATTR, DiTCallState, on_model_call
+from .switched import enter_for, exit_for
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
@@ -78,26 +79,23 @@ class DiTState(DiTCallState):
         super().__init__(model, config)
         self.modules = modules
         self.modes: Dict[int, _KVMode] = {}
+        self.image_keys = any(kind == "image" for _, _, kind in modules)  # an image-only self-attention is hooked
 
     def read(self, model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
         return self.family.layout(model, call)
 
-    def placed(self, found: Optional[TokenLayout]) -> Optional[TokenLayout]:
+    def reading(self, found: Optional[TokenLayout], step: Any, batch: int) -> Optional[CallReading]:
         if found is None:
             self.warn_once("layout", f"ToMe: {self.model_name}: could not place the image tokens of this call "
                            "(e.g. reference-image tokens); attention left unreduced.")
             return None
-        return found if found.grid_tokens >= max(self.config.min_tokens, 2) else None
-
-    def planner(self, layout: TokenLayout, _: TokenLayout, step: Any,
-                device: torch.device) -> Optional[Callable[[bool], Any]]:
         config = self.config
-        if all(s == 1 for s in dit_window(config.ratio, layout.grid, config.sx, config.sy)):
-            return None
-        image = layout.image_only()
-        plan = {"joint": (layout, self.keep_for(layout, step, device)),
-                "image": (image, self.keep_for(image, step, device))}
-        return lambda first: plan
+        if found.grid_tokens < max(config.min_tokens, 2) or \
+                max(dit_window(config.ratio, found.grid, config.sx, config.sy)) == 1:
+            return None  # too few tokens, or a window of one token: nothing to reduce
+        weight = self.weight
+        return CallReading(found, step, batch, weight.dtype, weight.device, self.model_name,
+                           image_keys=self.image_keys)
 
 
 def _kept_key_inputs(keys: KeyInputs, layout: TokenLayout, keep: torch.Tensor, args: tuple,
@@ -123,31 +121,31 @@ def _kept_key_inputs(keys: KeyInputs, layout: TokenLayout, keep: torch.Tensor, a
 
 
 def _enter(state: DiTState, name: str, kind: str):
+    joint = kind == "joint"  # the call's whole layout; else a self-attention over the grid alone
+
     def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
-        if state.current is None:
+        call = state.current
+        if call is None:  # registered only while calls are reduced; a speed-check repeat may still clear it
             return None
-        layout, keep = state.current[kind]
+        layout, keep = (call.layout, call.keep) if joint else (call.image, call.image_keep)
         mode = _KVMode(state, layout, keep, name)
         keys = state.family.key_inputs
         kept = _kept_key_inputs(keys, layout, keep, args, kwargs) if keys is not None else None
         if kept is not None:
             mode.kept_before = keep.numel()
-        mode.__enter__()
-        state.modes[id(module)] = mode
+        enter_for(state.modes, module, mode)
         return None if kept is None else (args, kept)
     return pre_hook
 
 
 def _leave(state: DiTState):
     def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
-        mode = state.modes.pop(id(module), None)
-        if mode is not None:
-            mode.__exit__(None, None, None)
-            # Projections but no SDPA: a global diffusers attention backend (flash-attn, sage, xformers) computed
-            # it. Neither: a cache (TaylorSeer, Pyramid Attention Broadcast, FasterCache) returned its stored
-            # output for this step; nothing was computed, so there is nothing to reduce and no error.
-            if mode.sdpa_calls == 0 and mode.projections > 0:
-                raise RuntimeError(
+        mode = exit_for(state.modes, module)
+        # Projections but no SDPA: a global diffusers attention backend (flash-attn, sage, xformers) computed it.
+        # Neither: a cache (TaylorSeer, Pyramid Attention Broadcast, FasterCache) returned its stored output for this
+        # step; nothing was computed, so there is nothing to reduce and no error.
+        if mode is not None and mode.sdpa_calls == 0 and mode.projections > 0:
+            raise RuntimeError(
                     f"ToMe: {mode.where} computed attention without torch's scaled_dot_product_attention, so "
                     "mode 'kv' could not reduce it (a non-native diffusers attention backend?); use the native "
                     "backend (model.set_attention_backend('native')) or remove_patch().")
@@ -190,7 +188,7 @@ def in_block_range(model: torch.nn.Module, modules: List[Tuple[str, torch.nn.Mod
     return [entry for entry in modules if entry[0].rsplit(".", 1)[0] in chosen]
 
 
-def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[str]] = None) -> KVPatchState:
+def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[str]] = None) -> CallPlanner:
     """Hook the attentions (mode kv) or the blocks (mode merge: ``dit_merge``) of ``model`` (a supported DiT; see
     ``find_dit``). Raises before patching anything.
 
@@ -210,9 +208,9 @@ def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[st
     _check_backends(model, modules)
     state = DiTState(model, config, modules)
     state.handles.append(model.register_forward_pre_hook(on_model_call, with_kwargs=True))
-    for name, module, kind in modules:
-        state.handles.append(module.register_forward_pre_hook(_enter(state, name, kind), with_kwargs=True))
-        state.handles.append(module.register_forward_hook(_leave(state), always_call=True))
+    for name, module, kind in modules:  # registered while calls are reduced (``on_model_call``)
+        state.hooks.add(module, _enter(state, name, kind), "pre")
+        state.hooks.add(module, _leave(state), "post-always")
     model.__dict__[STATE_ATTR] = state
     return state
 
@@ -220,6 +218,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[st
 def uninstall(model: torch.nn.Module) -> None:
     state = model.__dict__.pop(STATE_ATTR, None)
     if state is not None:
+        state.hooks.remove()
         for handle in state.handles:
             handle.remove()
 

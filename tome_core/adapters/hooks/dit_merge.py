@@ -12,47 +12,21 @@ from __future__ import annotations
 import inspect
 import sys
 from functools import lru_cache
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ...catalogue.diffusers_dits import family_of
+from ...catalogue.diffusers_lookup import family_of
 from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
 from ...catalogue.families import family_of_binding
-from ...engine.token_merge import GridMatch, TokenMerge, biased_mask, key_bias, match_grid, merge_window
+from ...engine.call_plan import CallReading, MergeCall
+from ...engine.token_merge import TokenMerge, biased_mask, key_bias
 from .dit_call import STATE_ATTR, DiTCallState, on_model_call
 from .host_caches import refuse_caches_inside
-
-
-class _Call:
-    """One model call's merge: the image stream's layout, the text length, the step, and (once the first reduced
-    block has run) the matching, the merge of each stream it is applied to (the image stream; the joint stream of
-    Flux.2's single blocks, [text, image], and of Z-Image's layers, [image, caption]) and the cut rotary tables,
-    shared by the call's other blocks."""
-
-    def __init__(self, stream: TokenLayout, text: int, step: float, text_last: bool = False) -> None:
-        self.stream, self.text, self.step = stream, text, step
-        self.joint = (TokenLayout(stream.grid, prefix=stream.prefix, suffix=stream.suffix + text) if text_last else
-                      TokenLayout(stream.grid, prefix=text + stream.prefix, suffix=stream.suffix))
-        self.match: Optional[GridMatch] = None
-        self.reuse_key: Tuple = ()  # (grid, device) under which match_every keeps this call's matching
-        self.destinations: Optional[torch.Tensor] = None  # the step's seeded destinations (drawn before the call)
-        self.merges: Dict[TokenLayout, TokenMerge] = {}
-        self.rope: Dict[str, Any] = {}  # keyword -> the rotary table cut to the kept tokens
-        self.bias: Dict[Tuple[TokenLayout, int], Optional[torch.Tensor]] = {}  # (stream, keys) -> key_bias
-
-    @property
-    def merge(self) -> Optional[TokenMerge]:
-        """The image stream's merge (None before the first reduced block)."""
-        return None if self.match is None else self.merge_on(self.stream)
-
-    def merge_on(self, layout: TokenLayout) -> TokenMerge:
-        if layout not in self.merges:
-            self.merges[layout] = self.match.on(layout)
-        return self.merges[layout]
+from .switched import enter_for, exit_for
 
 
 class DiTMergeState(DiTCallState):
@@ -64,7 +38,7 @@ class DiTMergeState(DiTCallState):
         self.modules = blocks  # what describe() counts
         self.pending: Dict[int, Tuple[torch.Tensor, torch.Tensor, TokenMerge]] = {}
         self.attention = family_of_binding(self.family).attention_for(config)  # how merged keys are weighed
-        self.weighing: Optional[Tuple["_Call", TokenLayout, TokenMerge]] = None  # the merged block running, if biased
+        self.weighing: Optional[Tuple[MergeCall, TokenLayout, TokenMerge]] = None  # the merged block running, if biased
         self.biasing: Dict[int, "_WeighedKeys"] = {}  # attention module -> its bias mode, while it runs
         # attention module -> whether the bias reaches its result (learnt at its first merged call, ``_FirstWeighing``);
         # forgotten when diffusers' active attention backend changes (``set_attention_backend``, ``attention_backend``)
@@ -74,6 +48,7 @@ class DiTMergeState(DiTCallState):
         self.backends = getattr(dispatch, "_AttentionBackendRegistry", None)
         self.active_backend = getattr(self.backends, "_active_backend", None)
         self.notes: List[str] = []  # what describe() adds to the config ("... ignores masks: plain")
+        self.last_read: Tuple[Any, Optional[TokenLayout]] = (None, None)  # a call's reading and its image stream
 
     def clear(self) -> None:
         self.current = None
@@ -86,33 +61,23 @@ class DiTMergeState(DiTCallState):
     def read(self, model: torch.nn.Module, call: dict) -> Any:
         return self.family.read(model, call)
 
-    def placed(self, tokens: Any) -> Optional[TokenLayout]:
+    def reading(self, tokens: Any, step: Any, batch: int) -> Optional[CallReading]:
         if tokens is None or len(tokens.grid) not in (2, 3) or min(tokens.grid) < 1:
             self.warn_once("layout", f"ToMe: {self.model_name}: could not place the image tokens of this call; "
                            "its blocks run whole.")
             return None
-        stream = TokenLayout(tokens.grid, prefix=tokens.before, suffix=tokens.after)
-        return stream if stream.grid_tokens >= max(self.config.min_tokens, 4) else None
-
-    def planner(self, tokens: Any, stream: TokenLayout, step: Any,
-                device: torch.device) -> Optional[Callable[[bool], "_Call"]]:
-        config = self.config
+        if tokens is not self.last_read[0]:  # the memo hands the same reading while the inputs stay the same
+            self.last_read = (tokens, TokenLayout(tokens.grid, prefix=tokens.before, suffix=tokens.after))
+        stream = self.last_read[1]
+        if stream.grid_tokens < max(self.config.min_tokens, 4):
+            return None
         active = getattr(self.backends, "_active_backend", None)
         if active is not self.active_backend:  # another backend runs now: each attention is asked again
             self.takes_mask.clear()
             self.active_backend = active
-
-        def new_call(first: bool) -> _Call:
-            call = _Call(stream, tokens.text, step, text_last=self.family.text == "last")
-            call.reuse_key = (stream.grid, str(device))
-            if first and self.reuse.on:  # match_every: an earlier call's matching of this grid (no batch axis)
-                call.match = self.reuse.take(call.reuse_key)
-            # drawn here, outside any compiled block: the seeded destinations never reach traced code
-            call.destinations = self.destinations_for(stream.grid, merge_window(stream.grid, config.sx, config.sy),
-                                                      step, device)
-            return call
-
-        return new_call
+        weight = self.weight
+        return CallReading(stream, step, batch, weight.dtype, weight.device, self.model_name, text=tokens.text,
+                           text_last=self.family.text == "last")
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -125,7 +90,7 @@ class _WeighedKeys(TorchFunctionMode):
 
     LEARNS = False  # whether the attention's exit keeps what this mode saw (``_FirstWeighing``)
 
-    def __init__(self, call: "_Call", stream: TokenLayout, merge: TokenMerge, how: str, text_first: bool) -> None:
+    def __init__(self, call: MergeCall, stream: TokenLayout, merge: TokenMerge, how: str, text_first: bool) -> None:
         super().__init__()
         self.call, self.stream, self.merge, self.how, self.text_first = call, stream, merge, how, text_first
 
@@ -192,12 +157,14 @@ PROBE_TOKENS, KEPT_KEY = 16, 5
 def sdpa_drops_mask(query: torch.Tensor) -> bool:
     """Whether torch's scaled_dot_product_attention, in the kernel choice in force (``sdpa_kernel``) on ``query``'s
     device and dtype, drops a mask or cannot run one: a tiny call with a mask of -inf on every key but one, whose
-    output must then be that key's value. Syncs once: set-up work at an attention's first merged call."""
+    output must then be that key's value. Syncs once: set-up work at an attention's first merged call. The ``meta``
+    device computes nothing to compare: there the kernel is taken to honour the mask."""
+    if query.device.type == "meta":
+        return False
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 1, PROBE_TOKENS, query.shape[-1], generator=generator).to(query.device, query.dtype)
                for _ in range(3))
-    mask = torch.full((1, PROBE_TOKENS), -float("inf"))
-    mask[:, KEPT_KEY] = 0
+    mask = torch.full((1, PROBE_TOKENS), -float("inf")).index_fill_(1, torch.tensor([KEPT_KEY]), 0.0)  # one key
     try:
         with torch.no_grad():
             masked = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(query.device, query.dtype)).float()
@@ -260,16 +227,7 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
             state.warn_once(f"mask:{name}", f"ToMe: {name}: called with {', '.join(masked)} (one entry per token "
                             "pair, which merged tokens have no counterpart for); this block runs whole.")
             return None
-        if call.match is None:
-            config = state.config
-            window = merge_window(stream.grid, config.sx, config.sy)
-            destinations = call.destinations
-            if destinations.device != hidden.device:
-                destinations = destinations.to(hidden.device)
-            tokens = hidden[:, stream.prefix:stream.prefix + stream.grid_tokens]
-            call.match = match_grid(tokens, stream.grid, config.ratio, destinations, window)
-            state.reuse.keep(call.reuse_key, call.match)
-        merge = call.merge_on(stream)
+        merge = call.matched(hidden, stream, state.config, state.reuse)
         merged = merge.merge(hidden)
         named[inputs.hidden] = merged
         for key in inputs.rope_keys:
@@ -278,9 +236,9 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
                 # one cut per call and keyword: the model computes its rotary table once per call and hands every
                 # block the same one (keyed by name, not by the table's id: under torch.compile an id is a guard
                 # that fails at every call, a recompile per step)
-                if key not in call.rope:
-                    call.rope[key] = inputs.rope(rope, call.merge, call.text)
-                named[key] = call.rope[key]
+                if key not in call.cuts:
+                    call.cuts[key] = inputs.rope(rope, call.merge, call.text)
+                named[key] = call.cuts[key]
         for key in inputs.per_token:
             value = named.get(key)
             if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == merge.length:
@@ -326,16 +284,14 @@ def _weigh(state: DiTMergeState):
             how = (call, stream, merge, state.attention, state.family.text != "last")
             mode = _FirstWeighing(state.sdpa_masks, *how) if known is None and not torch.compiler.is_compiling() \
                 else _WeighedKeys(*how)
-            mode.__enter__()
-            state.biasing[id(module)] = mode
+            enter_for(state.biasing, module, mode)
     return pre_hook
 
 
 def _unweigh(state: DiTMergeState):
     def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
-        mode = state.biasing.pop(id(module), None)
-        if mode is not None:
-            mode.__exit__(None, None, None)
+        if id(module) in state.biasing:  # inline: an attention run plain returns here, no further Python call
+            mode = exit_for(state.biasing, module)
             if mode.LEARNS:
                 _learn(state, module, mode)
     return hook
@@ -382,14 +338,14 @@ def install(model: torch.nn.Module, config: ToMeConfig,
     state = DiTMergeState(model, config, blocks)
     state.handles.append(model.register_forward_pre_hook(on_model_call, with_kwargs=True))
     joint_lists = state.family.merge.joint
-    for name, block in blocks:
+    for name, block in blocks:  # registered while calls are reduced (``on_model_call``)
         joint = name.split(".", 1)[0] in joint_lists
-        state.handles.append(block.register_forward_pre_hook(_enter(state, name, joint), with_kwargs=True))
-        state.handles.append(block.register_forward_hook(_leave(state, joint), with_kwargs=True, always_call=True))
+        state.hooks.add(block, _enter(state, name, joint), "pre")
+        state.hooks.add(block, _leave(state, joint), "post-always-kwargs")
         if state.attention == "plain":
             continue
         for attention in (m for m in block.modules() if m is not block and hasattr(m, "processor")):
-            state.handles.append(attention.register_forward_pre_hook(_weigh(state)))  # diffusers' attentions
-            state.handles.append(attention.register_forward_hook(_unweigh(state), always_call=True))
+            state.hooks.add(attention, _weigh(state), "pre-plain")  # diffusers' attentions
+            state.hooks.add(attention, _unweigh(state), "post-always")
     model.__dict__[STATE_ATTR] = state
     return state

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from ...engine.config import ToMeConfig
 from .fused_kv import add_kv_projection
 from .host_caches import Guarded, refuse_caches_inside
+from .switched import Removable, SwitchedHooks
 from ...catalogue.unets import attention_base_downsample, attention_levels, level_blocks, transformer_blocks
 from ...engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 from ...engine.schedule import UNET_TIMESTEPS, timestep_value
@@ -25,48 +26,6 @@ from ...engine.schedule import UNET_TIMESTEPS, timestep_value
 STATE_ATTR = "_tome_core"
 _HIDDEN_NAMES = ("hidden_states", "x")
 _HOOK_REGISTRY = "_diffusers_hook"  # where diffusers keeps a module's hooks (host_caches.py)
-
-
-class Removable(Protocol):
-    """A hook handle, or anything else a patch adds that ``remove()`` takes away again."""
-
-    def remove(self) -> None: ...
-
-
-class LevelHooks:
-    """The hooks of one UNet level's blocks, registered only while that level is reduced in a model call.
-
-    hooks: (module, hook, kind, earlier) with kind "pre" (a pre-hook taking kwargs) or "post" or "post-always",
-    and earlier the ids of the module's hooks of that kind that were there at ``apply_patch``: registered later,
-    ToMe's hook still runs where it would have run had it stayed (after those, before any hook added since).
-    """
-
-    def __init__(self) -> None:
-        self.hooks: List[Tuple[torch.nn.Module, Callable, str, frozenset]] = []
-        self.handles: List[Removable] = []
-
-    def add(self, module: torch.nn.Module, hook: Callable, kind: str) -> None:
-        self.hooks.append((module, hook, kind, frozenset(_hook_dict(module, kind))))
-
-    def attach(self) -> None:
-        for module, hook, kind, earlier in self.hooks:
-            if kind == "pre":
-                handle = module.register_forward_pre_hook(hook, with_kwargs=True)
-            else:
-                handle = module.register_forward_hook(hook, always_call=kind == "post-always")
-            self.handles.append(handle)
-            hooks = _hook_dict(module, kind)
-            for key in [key for key in hooks if key not in earlier and key != handle.id]:
-                hooks.move_to_end(key)  # hooks added after apply_patch run after ToMe's, as they did
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
-
-
-def _hook_dict(module: torch.nn.Module, kind: str):
-    return module._forward_pre_hooks if kind == "pre" else module._forward_hooks
 
 
 @dataclass
@@ -85,9 +44,11 @@ class PatchState:
     grids: Dict[int, Tuple[int, int]] = field(default_factory=dict)  # tokens -> grid of this call's reduced levels
     guarded: List[Guarded] = field(default_factory=list)  # modules whose tokens ToMe changes (host_caches.py)
     watched: List[torch.nn.Module] = field(default_factory=list)  # guarded modules and all inside them
-    levels: Dict[int, LevelHooks] = field(default_factory=dict)  # downsample -> its blocks' hooks
+    levels: Dict[int, SwitchedHooks] = field(default_factory=dict)  # downsample -> its blocks' hooks
     attached: frozenset = frozenset()  # the downsamples whose hooks are registered now
     call: Optional[tuple] = None  # (module, args, kwargs) of the model call being planned, for run_level
+    forcing: Optional[tuple] = None  # in a speed-check repeat: the ((grid, downsample),) it reduces, or ()
+    weight: Optional[torch.Tensor] = None  # a floating parameter: the dtype a diffusers UNet computes in
 
     def plan_for(self, hidden: torch.Tensor) -> TokenPlan:
         """The plan of a block whose input is ``hidden``, in the current model call.
@@ -110,28 +71,21 @@ class PatchState:
     def attach(self, wanted: frozenset) -> None:
         """Register the hooks of the levels in ``wanted`` and remove the others' (only what changed)."""
         for downsample, hooks in self.levels.items():
-            if (downsample in wanted) != (downsample in self.attached):
-                hooks.attach() if downsample in wanted else hooks.remove()
+            hooks.switch(downsample in wanted)
         self.attached = wanted
 
     def run_level(self, grid: Tuple[int, int], downsample: int, reduced: bool) -> None:
-        """The model call in progress once more, with the level of ``grid`` reduced or with nothing reduced:
-        what the speed check times (engine ``TokenMerger.pays``). The call's own hooks do not fire again."""
-        module, args, kwargs, device = self.call
-        attached, tables, grids = self.attached, self.tables, dict(self.grids)
-        self.grids.clear()
-        if reduced:
-            self.tables = {grid: self.merger.call_table(grid, self.step_key, device, downsample)}
-            self.grids[grid[0] * grid[1]] = grid
-        self.attach(frozenset({downsample}) if reduced else frozenset())
+        """The model call in progress once more, through the patch as the user gets it (its pre-hook builds the
+        call's tables), with the level of ``grid`` reduced or with nothing reduced: what the speed check times
+        (engine ``TokenMerger.pays``)."""
+        module, args, kwargs = self.call
+        forcing, call, latent_hw, active = self.forcing, self.call, self.latent_hw, self.active
+        self.forcing = ((grid, downsample),) if reduced else ()
         try:
             with torch.no_grad():
-                module.forward(*args, **kwargs)
+                module(*args, **kwargs)
         finally:
-            self.attach(attached)
-            self.tables = tables
-            self.grids.clear()
-            self.grids.update(grids)
+            self.forcing, self.call, self.latent_hw, self.active = forcing, call, latent_hw, active
 
     def remove(self) -> None:
         self.attach(frozenset())
@@ -146,11 +100,19 @@ def step_of(timestep: Any) -> Tuple[float, Optional[float]]:
     return (0.0, None) if key is None else (key, UNET_TIMESTEPS.progress(key))
 
 
-def compute_dtype(unet: torch.nn.Module, sample: torch.Tensor) -> torch.dtype:
-    """The dtype the UNet's attention runs in: its own ``dtype`` (diffusers, LDM: inputs are cast to
-    it), else the sample's."""
-    dtype = getattr(unet, "dtype", None)
-    return dtype if isinstance(dtype, torch.dtype) else sample.dtype
+def compute_dtype(unet: torch.nn.Module, sample: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.dtype:
+    """The dtype the UNet's attention runs in: an LDM/SGM UNet's ``dtype`` attribute (its inputs are cast to it),
+    else its floating parameters' (``weight``: what diffusers' ``ModelMixin.dtype`` says, without that property's
+    walk over every module, about 1 ms per call on a UNet's 700 modules), else the sample's."""
+    dtype = unet.__dict__.get("dtype")
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return weight.dtype if weight is not None else sample.dtype
+
+
+def floating_weight(unet: torch.nn.Module) -> Optional[torch.Tensor]:
+    """The UNet's first floating parameter (its ``dtype`` follows ``.to()``, which converts it in place)."""
+    return next((p for p in unet.parameters() if p.is_floating_point()), None)
 
 
 def not_compiled(fn):
@@ -175,7 +137,7 @@ def _context_argument(attention: torch.nn.Module) -> str:
     return "encoder_hidden_states" if "encoder_hidden_states" in parameters else "context"
 
 
-def _hook_block(block: torch.nn.Module, state: PatchState, level: LevelHooks) -> None:
+def _hook_block(block: torch.nn.Module, state: PatchState, level: SwitchedHooks) -> None:
     """Add one block's hooks to its level's (registered while the level is reduced; see ``PatchState.attach``)."""
     config = state.config
     current: List[TokenPlan] = [IDENTITY_PLAN]  # the plan of this block's running forward
@@ -223,7 +185,7 @@ def _hook_block(block: torch.nn.Module, state: PatchState, level: LevelHooks) ->
             level.add(module, unmerge_output, "post")
 
 
-def _hook_kv(attention: torch.nn.Module, state: PatchState, level: LevelHooks) -> None:
+def _hook_kv(attention: torch.nn.Module, state: PatchState, level: SwitchedHooks) -> None:
     """kv needs no metric, so attn1's own pre-hook makes and uses the plan: nothing is carried
     between hooks, which keeps the block traceable by torch.compile (no state to reconstruct).
     A diffusers self-attention also gets a ``to_kv`` for its fused processor (see fused_kv.py)."""
@@ -287,20 +249,25 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
     state.guarded = guarded_modules(unet, config)  # apply_patch checked them (check_partners); each call does again
     state.watched = [sub for _, module, _ in state.guarded for sub in module.modules()]
     for downsample, blocks in level_blocks(unet).items():
-        level = state.levels[downsample] = LevelHooks()
+        level = state.levels[downsample] = SwitchedHooks()
         for block in blocks:
             _hook_block(block, state, level)
+    state.weight = floating_weight(unet)
+    state.handles.append(unet.register_forward_pre_hook(_record_step(state), with_kwargs=True))
+    return state
+
+
+def _record_step(state: PatchState) -> Callable:
+    """The UNet's forward pre-hook: the call's latent size and step, the levels it reduces (the speed check's verdict
+    per level, cached per shape; a speed-check repeat's forced levels) and their tables; only those levels' block
+    hooks are registered. A call that reduces nothing (every level left whole, outside the step window) does no
+    more than find that out."""
+    config, merger = state.config, state.merger
     windowed = config.start_percent > 0 or config.end_percent < 1
-    needs_step = state.merger.needs_step()
-    mode = config.mode
+    needs_step = merger.needs_step()
 
     @not_compiled
     def record_step(module, args, kwargs):
-        # A cache hook added after apply_patch is refused here, before any block of this call runs.
-        for watched in state.watched:
-            if _HOOK_REGISTRY in watched.__dict__:
-                refuse_caches_inside(state.guarded, mode)
-                break
         sample = args[0] if args else kwargs.get("sample", kwargs.get("x"))
         timestep = args[1] if len(args) > 1 else next(
             (kwargs[k] for k in ("timestep", "timesteps", "t") if k in kwargs), None)
@@ -310,28 +277,47 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
             state.active = config.in_schedule(state.progress)
         elif needs_step:  # a random partition per step, drawn on the step's device (engine step_choice)
             state.step_key = 0.0 if timestep is None else timestep
-        wanted, grids = set(), {}
+        levels: Tuple = ()  # (grid, downsample) of each level this call reduces
         if state.active:
-            batch, dtype = int(sample.shape[0]), compute_dtype(module, sample)
-            state.call = (module, args, kwargs, sample.device)  # what the speed check repeats (run_level)
-            try:
-                state.tables = merger.step_tables(latent_hw, state.step_key, sample.device, batch, dtype,
-                                                  state.run_level)
-            finally:
-                state.call = None
-            for grid, downsample, pays in merger.call_layout(latent_hw, sample.device, batch, dtype):
-                if pays:
-                    wanted.add(downsample)
-                    grids[grid[0] * grid[1]] = grid
+            levels = state.forcing
+            if levels is None:
+                state.call = (module, args, kwargs)  # what the speed check repeats (run_level)
+                try:  # inline, no helper calls: on a fast GPU each Python call here is paid in every step
+                    levels = merger.reduced_levels(latent_hw, sample.device, int(sample.shape[0]),
+                                                   compute_dtype(module, sample, state.weight),
+                                                   None if getattr(module.__dict__.get(_HOOK_REGISTRY), "hooks", None)
+                                                   else state.run_level)  # a step cache on the UNet: not repeated
+                finally:
+                    state.call = None
+        if not levels:  # the call reduces nothing: it runs as if unpatched
+            if state.attached:  # the block hooks hold ``grids`` itself: emptied in place
+                state.tables = {}
+                state.grids.clear()
+                state.attach(frozenset())
+            return None
+        refuse_new_caches(state)  # a cache hook added after apply_patch, before any block of this call
+        device, batch = sample.device, int(sample.shape[0])
+        tables = merger.step_tables(latent_hw, state.step_key, device, batch, compute_dtype(module, sample, state.weight),
+                                    levels=levels, reuse=state.forcing is None)
+        state.tables = tables
+        grids = {grid[0] * grid[1]: grid for grid in tables}
         if grids != state.grids:
             state.grids.clear()
             state.grids.update(grids)
+        wanted = frozenset(downsample for _, downsample in levels)
         if wanted != state.attached:
-            state.attach(frozenset(wanted))
+            state.attach(wanted)
         return None
 
-    state.handles.append(unet.register_forward_pre_hook(record_step, with_kwargs=True))
-    return state
+    return record_step
+
+
+def refuse_new_caches(state: PatchState) -> None:
+    """Refuse a diffusers cache hook added after apply_patch inside what ToMe reduces (``host_caches``)."""
+    for watched in state.watched:
+        if _HOOK_REGISTRY in watched.__dict__:
+            refuse_caches_inside(state.guarded, state.config.mode)
+            return
 
 
 def uninstall(unet: torch.nn.Module) -> None:

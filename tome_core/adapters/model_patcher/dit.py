@@ -11,20 +11,20 @@ attention function itself. Installing per call is what lets it survive an overri
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from ...engine.call_plan import CallReading, KVCall
 from ...engine.config import ToMeConfig, require_dit_config
 from ...engine.blocks import chosen_blocks
 from ...engine.schedule import SigmaWindow
-from ...catalogue.comfy_dits import (ComfyDiT, base_model, block_offsets, default_start, family_of, grid_last,
-                                    merging_names, supported_names, unreached)
+from ...catalogue.comfy_dits import ComfyDiT, base_model
+from ...catalogue.comfy_lookup import ComfyModel, comfy_model, family_of, merging_names, supported_names
 from .layout import ambiguous_lengths
 from .dit_call import OVERRIDE, DiTCallPatch
 from .reports import ReportBasis, agrees, host_report, report_basis, reported_layout
-from ...catalogue.families import ModelFamily, family_of_binding
+from ...catalogue.families import ModelFamily
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
 from . import dit_merge
@@ -37,19 +37,17 @@ def _diffusion_model(patcher: Any) -> Any:
     return getattr(model, "diffusion_model", None)
 
 
-def _family_entry(diffusion_model: Any) -> Optional[ComfyDiT]:
-    """Table entry of a diffusion model, seen through torch.compile's OptimizedModule.
-
-    TorchCompileModel's APPLY_MODEL wrapper swaps ``diffusion_model`` for the compiled module while
-    a call runs; when it was added before ToMe's wrapper, ToMe sees that module at call time.
-    """
-    return family_of(diffusion_model)
+def resolve_dit(patcher: Any) -> Optional[ComfyModel]:
+    """What the catalogue knows of the patcher's DiT (``comfy_lookup.comfy_model``: binding, family, blocks, default
+    range), read once per patch; None where it is no DiT of the catalogue. TorchCompileModel's wrapper is seen
+    through."""
+    return comfy_model(_diffusion_model(patcher))
 
 
 def dit_family(patcher: Any) -> Optional[ModelFamily]:
     """The catalogue entry of the patcher's model ("flux", "sd3", "wan", "ltx2", ...), or None."""
-    entry = _family_entry(_diffusion_model(patcher))
-    return family_of_binding(entry) if entry else None
+    known = resolve_dit(patcher)
+    return known.family if known else None
 
 
 def _host_has_override() -> bool:
@@ -57,71 +55,26 @@ def _host_has_override() -> bool:
     return attention is None or hasattr(attention, "wrap_attn")  # wrap_attn is what calls the override
 
 
-def _dit(patcher_or_model: Any) -> Any:
-    """The DiT of a ModelPatcher or a diffusion model, seen through torch.compile's OptimizedModule."""
-    model = _diffusion_model(patcher_or_model) if hasattr(patcher_or_model, "model") else patcher_or_model
-    return getattr(model, "_orig_mod", model)
-
-
-def block_count(patcher_or_model: Any) -> int:
-    """The blocks of a patcher's (or diffusion model's) DiT, in the sense of the block range."""
-    return sum(_block_offsets(patcher_or_model)[1].values())
-
-
-def _block_offsets(patcher_or_model: Any) -> Tuple[Dict[str, int], Dict[str, int]]:
-    """Per reported block type ("double", "single", "joint", ...): the depth index of its first block, and its count."""
-    return block_offsets(_dit(patcher_or_model))
-
-
-def merges(patcher_or_model: Any) -> bool:
-    """Whether mode merge reaches this DiT's class (its binding's ``ComfyMerge``)."""
-    model = _diffusion_model(patcher_or_model) if hasattr(patcher_or_model, "model") else patcher_or_model
-    entry = _family_entry(model)
-    return entry is not None and entry.merge is not None and entry.merge.reaches(model)
-
-
-def has_image_only_attention(diffusion_model: Any) -> bool:
+def has_image_only_attention(diffusion_model: Any, entry: Optional[ComfyDiT] = None) -> bool:
     """Whether an MMDiT runs SD3.5's image-only ``x_block`` self-attention in some joint block (MMDiT-X)."""
-    model = _dit(diffusion_model)
-    entry = _family_entry(model)
+    model = base_model(diffusion_model)
+    entry = entry or family_of(diffusion_model)
     return entry is not None and entry.name == "sd3" and any(
         bool(getattr(getattr(block, "x_block", None), "x_block_self_attn", False))
         for block in getattr(model, "joint_blocks", None) or ())
 
 
-def default_block_start(patcher_or_model: Any) -> float:
-    """The block_start the model uses when none is given (Flux: its first single block's share of the depth)."""
-    return default_start(_dit(patcher_or_model))
+class CallPlan(KVCall):
+    """What one model call's attention override needs, read once by the APPLY_MODEL wrapper (no host reads later):
+    the engine's ``KVCall`` (the layout derived from the call and its kept indices, built before the model runs:
+    under torch.compile nothing seeded by the step is built in traced code; ``image_keep``: SD3.5's x_block picks),
+    and ComfyUI's additions: ``ambiguous``, the key lengths of the call's other attentions (``ambiguous_lengths``);
+    ``reports``, the basis for the layout the model reports inside its forward, None where the family reads none."""
 
-
-def blocks_on(patcher_or_model: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...]]:
-    """Per block of a patcher's (or diffusion model's) DiT, in depth order, whether config's block range
-    holds it; None for every block.
-
-    Raises ValueError naming the model when the range holds none of its blocks.
-    """
-    model = _dit(patcher_or_model)
-    return chosen_blocks(config, block_count(model), default_block_start(model), type(model).__name__)
-
-
-@dataclass(frozen=True)
-class CallPlan:
-    """What one model call's attention override needs, read once by the APPLY_MODEL wrapper (no host reads later).
-
-    layout, keep: the layout derived from the call and its kept indices (built before the model runs: under
-    torch.compile nothing seeded by the step is built in traced code); sigma: the step; ambiguous: key lengths of the
-    call's other attentions (``ambiguous_lengths``); keep_image: SD3.5's x_block picks; reports: the basis for the
-    layout the model reports inside its forward, None where the family reads none; reached: set by the override's
-    first invocation (an attention of the call got transformer_options).
-    """
-
-    layout: TokenLayout
-    keep: torch.Tensor
-    sigma: float
-    ambiguous: Tuple[int, ...] = ()
-    keep_image: Optional[torch.Tensor] = None
-    reports: Optional[ReportBasis] = None
-    reached: List[bool] = field(default_factory=lambda: [False])
+    def __init__(self, layout: TokenLayout, keep: torch.Tensor, step: Any, image_keep: Optional[torch.Tensor] = None,
+                 ambiguous: Tuple[int, ...] = (), reports: Optional[ReportBasis] = None) -> None:
+        super().__init__(layout, keep, step, image_keep)
+        self.ambiguous, self.reports = ambiguous, reports
 
 
 class _CallKeys:
@@ -164,7 +117,7 @@ class _CallKeys:
                                 f"{list(report[1])}, which does not hold this call's tokens that keep every key; "
                                 "such calls are left unreduced.")
             reducible = layout is not None and patch.reducible(layout)
-            self.reported[report] = (layout, patch.keep_for(layout, plan.sigma, plan.keep.device), {}) \
+            self.reported[report] = (layout, patch.keep_for(layout, plan.step, plan.keep.device), {}) \
                 if reducible else None
         return self.reported[report]
 
@@ -175,7 +128,7 @@ class _CallKeys:
         around each block), from that; elsewhere (MMDiT, Wan, LTX) the self-attentions over the layout come one
         per block in depth order, so their count in this call is the block index (skipping the blocks the model
         reports it does not compute, LTX's STG). A key length in ``plan.ambiguous`` (text, another stream) is never
-        taken for self-attention. With ``plan.keep_image`` (SD3.5's MMDiT-X), a self-attention over the grid alone
+        taken for self-attention. With ``plan.image_keep`` (SD3.5's MMDiT-X), a self-attention over the grid alone
         is the image-only ``x_block`` attention that ``_block_mixing`` runs right after its block's joint one, so it
         belongs to the last counted block.
         """
@@ -185,7 +138,7 @@ class _CallKeys:
             return None
         if family.reports_blocks and kind in offsets:
             return offsets[kind] + int(options.get("block_index", 0)) if n >= layout.length else None
-        if plan.keep_image is not None and n == layout.grid_tokens and self.seen > 0:
+        if plan.image_keep is not None and n == layout.grid_tokens and self.seen > 0:
             return self.seen - 1  # SD3.5's x_block self-attention, after its block's joint attention
         if not full or family.text == "last" and not family.text_tokens or n != layout.length:
             # No block report: [image, text] cannot be told from the text refiner's self-attention unless the
@@ -205,8 +158,8 @@ class _CallKeys:
         plan, grid_last = self.plan, self.patch.grid_last
         if n == layout.length and not grid_last:
             return keep
-        if plan.keep_image is not None and n == layout.grid_tokens and not grid_last:
-            return plan.keep_image
+        if plan.image_keep is not None and n == layout.grid_tokens and not grid_last:
+            return plan.image_keep
         kept = longer.get(n)
         if kept is None:
             if grid_last:  # every token before the grid (text, references), however many, keeps its key
@@ -239,19 +192,12 @@ def _cut_keys(args: list, kwargs: dict, seq: int, n: int, kept: torch.Tensor) ->
             kwargs["mask"] = mask.index_select(-1, kept)
 
 
-def _probe(reached: List[bool], previous: Optional[Callable]) -> Callable:
+def _probe(plan: KVCall, previous: Optional[Callable]) -> Callable:
     """An attention override that only records that ComfyUI's attention reached it (a call ToMe leaves whole)."""
     def tome_reach_probe(func: Callable, *args: Any, **kwargs: Any) -> Any:
-        reached[0] = True
+        plan.reached = True
         return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
     return tome_reach_probe
-
-
-class _Probe:
-    """The plan of a call ToMe leaves whole while it checks that ComfyUI's attention reaches the override."""
-
-    def __init__(self) -> None:
-        self.reached = [False]
 
 
 class DiTKVPatch(DiTCallPatch):
@@ -267,8 +213,10 @@ class DiTKVPatch(DiTCallPatch):
 
     def __init__(self, config: ToMeConfig, window: SigmaWindow, family: ComfyDiT,
                  blocks: Optional[Tuple[bool, ...]] = None, block_offsets: Optional[Dict[str, int]] = None,
-                 image_only_attention: bool = False, grid_last: bool = False) -> None:
+                 image_only_attention: bool = False, grid_last: bool = False,
+                 known: Optional[ComfyModel] = None) -> None:
         super().__init__(config)
+        self.known = known
         self.window = window
         self.family = family
         self.blocks_on = blocks
@@ -280,7 +228,7 @@ class DiTKVPatch(DiTCallPatch):
         """Whether the config reduces a grid of this layout (enough tokens, a window larger than one token)."""
         config = self.config
         return layout.grid_tokens >= max(config.min_tokens, 2) and \
-            any(s > 1 for s in dit_window(config.ratio, layout.grid, config.sx, config.sy))
+            max(dit_window(config.ratio, layout.grid, config.sx, config.sy)) > 1
 
     def override(self, plan: CallPlan, previous: Optional[Callable]) -> Callable:
         """The optimized_attention_override for one model call; chains ``previous``. Which keys each
@@ -288,7 +236,7 @@ class DiTKVPatch(DiTCallPatch):
         keys = _CallKeys(self, plan)
 
         def tome_kv_override(func: Callable, *args: Any, **kwargs: Any) -> Any:
-            plan.reached[0] = True
+            plan.reached = True
             args = list(args)
             q, k, v = args[:3] if len(args) >= 3 else (kwargs.get("q"), kwargs.get("k"), kwargs.get("v"))
             seq = 2 if kwargs.get("skip_reshape", False) else 1
@@ -310,8 +258,7 @@ class DiTKVPatch(DiTCallPatch):
         """For this call only: our override (or, probing, a pass-through that records the reach) chaining the one
         there before; the returned function puts back what was there."""
         had, previous = OVERRIDE in options, options.get(OVERRIDE)
-        options[OVERRIDE] = _probe(plan.reached, previous) if isinstance(plan, _Probe) else \
-            self.override(plan, previous)
+        options[OVERRIDE] = _probe(plan, previous) if plan.probe else self.override(plan, previous)
 
         def remove() -> None:
             if had:
@@ -320,78 +267,74 @@ class DiTKVPatch(DiTCallPatch):
                 options.pop(OVERRIDE, None)
         return remove
 
-    def _probe(self) -> "_Probe":
-        return _Probe()
+    def _probe(self) -> KVCall:
+        return KVCall(None, None, probe=True)
 
-    def _reached(self, plan: Any) -> bool:
-        return plan.reached[0]
-
-    def _plan(self, base_model: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
-              options: dict) -> Optional[CallPlan]:
-        found = self._read_call(base_model, x, t, context, extra)
-        if found is None:
-            return None
-        layout, sigma = found
-        diffusion_model = base_model.diffusion_model
+    def build(self, reading: CallReading, first: bool) -> CallPlan:
+        base, x, context, extra, options = reading.host
+        layout, step = reading.layout, reading.step
+        diffusion_model = base.diffusion_model
         context = context if isinstance(context, torch.Tensor) else None
-        ambiguous = ambiguous_lengths(diffusion_model, context, extra)
+        ambiguous = ambiguous_lengths(diffusion_model, context, extra, self.family)
         if layout.length in ambiguous:
             self.warn_once("ambiguous", f"ToMe: {layout.grid_tokens} video tokens equal the length of the text or of "
                            "another stream (audio); this size is left unreduced (self- and cross-attention cannot "
                            "be told apart).")
         keep_image = None
         if self.image_only_attention and layout.prefix > 0:  # the same picks on the grid alone (same seed)
-            keep_image = self.keep_for(layout.image_only(), sigma, x.device)
-        return CallPlan(layout, self.keep_for(layout, sigma, x.device), sigma, ambiguous, keep_image,
-                        report_basis(diffusion_model, layout, extra, options))
+            keep_image = self.keep_for(layout.image_only(), step, x.device)
+        return CallPlan(layout, self.keep_for(layout, step, x.device), step, keep_image, ambiguous,
+                        report_basis(diffusion_model, layout, extra, options, self.family, self.grid_last))
 
 
-def check_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...]]:
+def check_dit_model_patcher(patcher: Any, config: ToMeConfig,
+                            known: Optional[ComfyModel] = None) -> Optional[Tuple[bool, ...]]:
     """Every refusal of ``patch_dit_model_patcher``, without cloning or patching anything; returns the
-    block choice (``blocks_on``).
+    block choice (per block in depth order, whether the block range holds it; None: every block).
 
     Raises TypeError naming the model for diffusion models the override cannot reach (PixArt,
     HunyuanDiT, UNets...), ValueError for settings that do not apply (mode "merge" where the family has no merge
     binding, avg, a block range holding no block), and RuntimeError on a ComfyUI without ``optimized_attention_override``.
+    known: the patcher's model as resolved once (``resolve_dit``); read now where not given.
     """
-    diffusion_model = _diffusion_model(patcher)
-    if _family_entry(diffusion_model) is None:
-        name = type(getattr(diffusion_model, "_orig_mod", diffusion_model)).__name__
-        module = type(getattr(diffusion_model, "_orig_mod", diffusion_model)).__module__
+    known = known or resolve_dit(patcher)
+    if known is None:
+        diffusion_model = base_model(_diffusion_model(patcher))
+        name, module = type(diffusion_model).__name__, type(diffusion_model).__module__
         raise TypeError(f"ToMe: {name} is not a DiT that ToMe's kv mode can reach in ComfyUI ({module}.{name}); "
                         f"supported: "
                         f"{supported_names()}. UNet models (SD1.x/SD2.x/SDXL) use the UNet patch.")
-    reason = unreached(diffusion_model)
-    if reason:
-        raise TypeError(f"ToMe: {type(base_model(diffusion_model)).__name__} cannot be reduced here: {reason}.")
-    require_dit_config(config, type(base_model(diffusion_model)).__name__, merges=merges(diffusion_model),
-                       merge_families=merging_names())
-    chosen = blocks_on(diffusion_model, config)
+    name = type(known.model).__name__
+    if known.unreached:
+        raise TypeError(f"ToMe: {name} cannot be reduced here: {known.unreached}.")
+    require_dit_config(config, name, merges=known.merges, merge_families=merging_names())
+    chosen = chosen_blocks(config, known.block_count, known.default_start, name)
     if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():
         raise RuntimeError("ToMe: this ComfyUI has no transformer_options['optimized_attention_override'] "
                            "(added in ComfyUI 0.3.6x); update ComfyUI to use ToMe on DiT models.")
     return chosen
 
 
-def patch_dit_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
+def patch_dit_model_patcher(patcher: Any, config: ToMeConfig, known: Optional[ComfyModel] = None,
+                            checked: Any = None) -> Any:
     """A clone of ``patcher`` with mode "kv" (or "merge", ``dit_merge``) on its DiT; the input patcher is never
     changed.
 
-    Refuses (see ``check_dit_model_patcher``) before cloning: nothing is patched then.
+    Refuses (see ``check_dit_model_patcher``) before cloning: nothing is patched then. known, checked: the model as
+    resolved once and the block choice ``check_dit_model_patcher`` returned for it (``plan.plan_patch``: the node's
+    path reads the model once); found now where not given.
     """
-    chosen = check_dit_model_patcher(patcher, config)
-    diffusion_model = _diffusion_model(patcher)
+    known = known or resolve_dit(patcher)
+    chosen = check_dit_model_patcher(patcher, config, known) if checked is None else checked[0]
     sampling = patcher.get_model_object("model_sampling")
     window = SigmaWindow.from_percents(config.start_percent, config.end_percent, sampling.percent_to_sigma)
     if config.mode == "merge":  # whole blocks through "dit" block replace patches (dit_merge.py)
-        entry = _family_entry(diffusion_model)
-        blocks = dit_merge.merge_blocks(entry, diffusion_model, _block_offsets(diffusion_model)[0], chosen)
-        state = dit_merge.DiTMergePatch(config, window, entry, blocks)
+        blocks = dit_merge.merge_blocks(known.entry, known.model, known.offsets, chosen)
+        state = dit_merge.DiTMergePatch(config, window, known.entry, blocks, known)
         return dit_merge.attach(patcher.clone(), state, WRAPPER_KEY, APPLY_MODEL)
-    state = DiTKVPatch(config, window=window, family=_family_entry(diffusion_model), blocks=chosen,
-                       block_offsets=_block_offsets(diffusion_model)[0],
-                       image_only_attention=has_image_only_attention(diffusion_model),
-                       grid_last=grid_last(diffusion_model))
+    state = DiTKVPatch(config, window=window, family=known.entry, blocks=chosen, block_offsets=known.offsets,
+                       image_only_attention=has_image_only_attention(known.model, known.entry),
+                       grid_last=known.grid_last, known=known)
     clone = patcher.clone()
     clone.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)  # re-patching replaces, never stacks
     clone.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, state.apply_model_wrapper)

@@ -1,20 +1,24 @@
 """The per-model-call mechanism both DiT modes share in ComfyUI: one APPLY_MODEL wrapper per patched clone.
 
-Each model call: the mode plans the call from the latent, the text and the sigma (``_plan``: mode kv's kept keys,
-mode merge's ``_MergeCall``), the speed check times the call whole against reduced where it is on
-(``KVPatchState.call_pays``), and the plan is installed in the call's ``transformer_options`` for the call only
-(``_install``: kv's attention override, merge's call key), then removed. The first call (which no step cache
-skips; outside the schedule, a probe that reduces nothing) must reach the mode's patches, or the prompt stops
+Each model call: the wrapper reads the call (``_read_call``: the layout from the latent, the text and the keywords,
+the sigma) and hands the reading to the engine's call plan (``CallPlanner.plan``: the speed check's decision, timed
+once per call shape by running the call again through this wrapper, forced whole and reduced; then the plan, with
+the mode's host additions in ``build``); the plan is installed in the call's ``transformer_options`` for the call
+only (``_install``: kv's attention override, merge's call key), then removed. A call ToMe leaves whole runs without
+ToMe's per-block patches where the mode has them (``_sit_out``). The first call (which no step cache skips; outside
+the schedule, a probe that reduces nothing) must reach the mode's patches, or the prompt stops
 (``reach.unreached_error``): a node that runs the model's blocks itself would otherwise drop ToMe silently.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional
 
 import torch
 
+from ...catalogue.comfy_dits import base_model
+from ...catalogue.comfy_lookup import ComfyModel
+from ...engine.call_plan import CallPlanner, CallReading
 from ...engine.grid import TokenLayout
-from ...engine.kv_state import KVPatchState, call_label
 from ...engine.schedule import SigmaWindow, sigma_value, step_signal
 from .layout import refuse_unplaceable, token_layout
 from .reach import unreached_error
@@ -22,54 +26,58 @@ from .reach import unreached_error
 OVERRIDE = "optimized_attention_override"  # ComfyUI (0.3.6x+) calls it around every optimized_attention
 
 
-class DiTCallPatch(KVPatchState):
-    """A DiT patch's APPLY_MODEL wrapper; the mode supplies ``_plan``, ``_again``, ``_install``, ``_probe`` and
-    ``_reached``, and names itself and what its patches sit on (``MODE``, ``PATCHED``) for the unreached error."""
+class DiTCallPatch(CallPlanner):
+    """A DiT patch's APPLY_MODEL wrapper; the mode supplies ``reducible``, ``build`` (its host additions to the
+    engine's plan), ``_install``, ``_probe`` and ``_reached`` (and ``_sit_out`` where it has per-block patches), and
+    names itself and what its patches sit on (``MODE``, ``PATCHED``) for the unreached error."""
 
     MODE = ""
     PATCHED = ""
     reach_checked = False  # whether a model call has shown that it reaches the mode's patches
     window = SigmaWindow()  # the schedule's sigma window (the patch's, from start_percent/end_percent)
+    known: Optional[ComfyModel] = None  # the patched model as the catalogue read it once (comfy_lookup.comfy_model)
 
     def reducible(self, layout: TokenLayout) -> bool:
         """Whether the mode reduces a call of this layout (enough tokens; kv: a window larger than one token)."""
         raise NotImplementedError
 
-    def _read_call(self, base: Any, x: torch.Tensor, t: Any, context: Any,
-                   extra: dict) -> Optional[Tuple[TokenLayout, Any]]:
-        """(layout, step signal) of a model call the mode reduces, or None: the call's layout from the latent, the
-        text and the keywords (refusing tokens it cannot place), and the sigma, read on the host only where a step
-        window is set (else a device signal: the seeded picks are drawn on the sigma's device, no host read)."""
-        if not self.config.enabled:
-            return None
-        refuse_unplaceable(base.diffusion_model, extra)
-        layout = token_layout(base.diffusion_model, x, context if isinstance(context, torch.Tensor) else None, extra)
+    def _read_call(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
+                   options: dict) -> Optional[CallReading]:
+        """The reading of a model call the mode reduces, or None: the call's layout from the latent, the text and the
+        keywords (refusing tokens it cannot place), and the sigma, read on the host only where a step window is set
+        (else a device signal: the seeded picks are drawn on the sigma's device, no host read)."""
+        model, known = base.diffusion_model, self.known
+        # the binding resolved at patch time, while the call's model is the one patched (another node may swap it)
+        entry, last = (known.entry, known.grid_last) if known is not None and base_model(model) is known.model else \
+            (None, None)
+        refuse_unplaceable(model, extra, entry)
+        layout = token_layout(model, x, context if isinstance(context, torch.Tensor) else None, extra, entry, last)
         if layout is None or not self.reducible(layout):
             return None
         if self.window != SigmaWindow():  # a window: the one host read of a model call
-            sigma = sigma_value(t)
-            return (layout, sigma) if self.window.contains(sigma) else None
-        return layout, step_signal(t)
-
-    def _plan(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict, options: dict) -> Any:
-        """The call's plan, or None: leave it whole."""
-        raise NotImplementedError
-
-    def _again(self, plan: Any, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
-               options: dict) -> Any:
-        """The plan of a speed-check repeat of the call."""
-        return plan
+            step = sigma_value(t)
+            if not self.window.contains(step):
+                return None
+        else:
+            step = step_signal(t)
+        return CallReading(layout, step, int(x.shape[0]), x.dtype, x.device, type(base).__name__,
+                           host=(base, x, context, extra, options))
 
     def _install(self, options: dict, plan: Any) -> Callable[[], None]:
         """Put ``plan`` (or a probe) in the call's transformer_options; returns what takes it out again."""
         raise NotImplementedError
+
+    def _sit_out(self, options: dict) -> Optional[Callable[[], None]]:
+        """A call ToMe leaves whole: take the mode's per-block patches out of it (returns what puts them back), so the
+        blocks run as unpatched; None where the mode has none."""
+        return None
 
     def _probe(self) -> Any:
         """A plan that reduces nothing and records whether the call reached the patches."""
         raise NotImplementedError
 
     def _reached(self, plan: Any) -> bool:
-        raise NotImplementedError
+        return plan.reached
 
     def apply_model_wrapper(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None,
                             c_crossattn: Any = None, control: Any = None, transformer_options: Optional[dict] = None,
@@ -77,24 +85,22 @@ class DiTCallPatch(KVPatchState):
         """APPLY_MODEL wrapper: this call's plan in its transformer_options for the call only."""
         options = transformer_options if transformer_options is not None else {}
         base = executor.class_obj
-        plan = self._plan(base, x, t, c_crossattn, kwargs, options)
-        if plan is not None and self.config.speed_check != "off":
-            def run(reduced: bool) -> None:
-                remove = self._install(options, self._again(plan, base, x, t, c_crossattn, kwargs, options)) \
-                    if reduced else None
-                try:
-                    with torch.no_grad():
-                        executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
-                finally:
-                    if remove is not None:
-                        remove()
+        enabled = self.config.enabled
+        reading = self._read_call(base, x, t, c_crossattn, kwargs, options) \
+            if enabled and self.forcing is not False else None
 
-            batch = int(x.shape[0])
-            if not self.call_pays((type(base).__name__, plan.layout, batch), call_label(plan.layout.grid, batch),
-                                  x.dtype, x.device, run):
-                plan = None
-        if plan is None and (self.reach_checked or not self.config.enabled):
-            return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+        def repeat() -> None:  # the speed check's: this call again, through this wrapper as the user gets it
+            with torch.no_grad():
+                self.apply_model_wrapper(executor, x, t, c_concat, c_crossattn, control, options, **kwargs)
+
+        plan = self.plan(reading, repeat)
+        if plan is None and (self.reach_checked or not enabled):
+            restore = self._sit_out(options)
+            try:
+                return executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+            finally:
+                if restore is not None:
+                    restore()
         if plan is None:  # the first call, outside the schedule: only check that the patches are reached
             plan = self._probe()
         remove = self._install(options, plan)

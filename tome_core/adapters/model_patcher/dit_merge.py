@@ -1,7 +1,7 @@
 """Mode "merge" on ComfyUI's DiTs: fewer image tokens through whole blocks, through its public patch API.
 
 Host mechanisms, all per patched clone: the APPLY_MODEL wrapper (``add_wrapper_with_key``) reads each
-model call's layout and sigma once and puts a ``_MergeCall`` in that call's ``transformer_options``; a "dit"
+model call's layout and sigma once and puts the engine's ``MergeCall`` in that call's ``transformer_options``; a "dit"
 block replace patch (``set_model_patch_replace``, the one Flux, Qwen-Image, Wan and LTX call around every
 block as ``blocks_replace[("double_block", i)]``) hands the block the merged image tokens and the rotary
 table cut to them, and puts the block's update back on every token afterwards. A model that calls its blocks
@@ -19,106 +19,86 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ...catalogue.comfy_dits import ComfyDiT, base_model
+from ...catalogue.comfy_lookup import ComfyModel
 from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
 from ...engine.schedule import SigmaWindow
 from ...catalogue.families import family_of_binding
-from ...engine.token_merge import GridMatch, TokenMerge, biased_mask, key_bias, match_grid, merge_window
+from ...engine.call_plan import CallReading, MergeCall
+from ...engine.token_merge import TokenMerge, biased_mask, key_bias
 from .dit_call import OVERRIDE, DiTCallPatch
 from .mask_probe import compute_dtype, head_width, mask_dropped
 
-CALL_KEY = "tome_merge_call"  # transformer_options key of the running model call's _MergeCall
+CALL_KEY = "tome_merge_call"  # transformer_options key of the running model call's MergeCall
 APPLY_MODEL = "apply_model"  # ComfyUI's WrappersMP.APPLY_MODEL, where the patch's wrapper sits
 WEIGH_KEY = "tome_weighed_keys"  # a merged block's transformer_options: (stream, merge, text, previous override)
 
 
-class _MergeCall:
-    """One model call: its joint layout ([text, image ...]), sigma, the matching once planned, the merges of each
-    stream layout built from it, whether its merged keys are weighed (``weigh``: the attention that runs takes the
-    mask) and whether any block patch ran (``reached``)."""
-
-    REFERENCE_METHOD = "index_timestep_zero"  # Flux's and Qwen-Image's ref_latents_method that modulates by position
-
-    def __init__(self, layout: Optional[TokenLayout], sigma: float, zero_refs: bool = False,
-                 probe: bool = False) -> None:
-        self.layout, self.sigma, self.probe = layout, sigma, probe  # probe: only record that a block was reached
-        self.zero_refs = zero_refs  # reference tokens get their own (zero) timestep's modulation, by position
-        self.match: Optional[GridMatch] = None
-        self.reuse_key: Tuple = ()  # (grid, device) under which match_every keeps this call's matching
-        self.destinations: Optional[torch.Tensor] = None  # the step's seeded destinations (drawn before the call)
-        self.merges: Dict[TokenLayout, TokenMerge] = {}
-        self.pe: Dict[Any, Tuple[Any, Any]] = {}  # the cut rotary tables and per-token inputs, by input (and stream)
-        self.bias: Dict[Tuple[TokenLayout, int], Optional[torch.Tensor]] = {}  # (stream, keys) -> key_bias
-        self.weigh = False
-        self.reached = False
-
-    def merge_on(self, layout: TokenLayout) -> TokenMerge:
-        if layout not in self.merges:
-            self.merges[layout] = self.match.on(layout)
-        return self.merges[layout]
+REFERENCE_METHOD = "index_timestep_zero"  # Flux's and Qwen-Image's ref_latents_method that modulates by position
 
 
 class DiTMergePatch(DiTCallPatch):
     """The state of one clone patched in mode merge: config, sigma window, family and the blocks it covers.
 
-    Its APPLY_MODEL wrapper (``DiTCallPatch.apply_model_wrapper``) puts each call's ``_MergeCall`` in that call's
+    Its APPLY_MODEL wrapper (``DiTCallPatch.apply_model_wrapper``) puts each call's ``MergeCall`` in that call's
     transformer_options; a first call (which no step cache skips; outside the schedule a probe) that no block patch
     reached stops the prompt (a node that replaced the model's forward would otherwise drop ToMe silently)."""
 
     MODE, PATCHED = "merge", "block"
 
     def __init__(self, config: ToMeConfig, window: SigmaWindow, family: ComfyDiT,
-                 blocks: List[Tuple[str, int]]) -> None:
+                 blocks: List[Tuple[str, int]], known: Optional[ComfyModel] = None) -> None:
         super().__init__(config)
-        self.window, self.family, self.blocks = window, family, blocks
-        self.attention = family_of_binding(family).attention_for(config)  # how merged keys are weighed
+        self.window, self.family, self.blocks, self.known = window, family, blocks, known
+        owner = known.family if known is not None else family_of_binding(family)
+        self.attention = owner.attention_for(config)  # how merged keys are weighed
         # (another node's attention override or None, device) -> whether the attention there takes the mask, probed once
         self.takes_mask: Dict[Tuple[Any, torch.device], bool] = {}
         self.notes: List[str] = []  # what describe() and the node add to the config ("... ignores masks: plain")
         self.listeners: List[Callable[[List[str]], None]] = []  # called with the notes when one is added (the node)
-        self.last_call: Optional[_MergeCall] = None  # the latest reduced model call (for tests and diagnostics)
+        self.last_call: Optional[MergeCall] = None  # the latest reduced model call (for tests and diagnostics)
 
-    def _plan(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
-              options: dict) -> Optional[_MergeCall]:
-        call = self._new_call(base, x, t, context, extra, options)
-        if call is not None and self.reuse.on:  # match_every: an earlier call's matching, never the last run's
-            self.reuse.restart_on(options.get("sample_sigmas"))
-            call.match = self.reuse.take(call.reuse_key)
-        return call
-
-    def _again(self, plan: _MergeCall, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
-               options: dict) -> Optional[_MergeCall]:
-        return self._new_call(base, x, t, context, extra, options)
-
-    def _install(self, options: dict, call: Optional[_MergeCall]) -> Callable[[], None]:
+    def _install(self, options: dict, call: MergeCall) -> Callable[[], None]:
         options[CALL_KEY] = self.last_call = call
         return lambda: options.pop(CALL_KEY, None)
 
-    def _probe(self) -> _MergeCall:
-        return _MergeCall(None, 0.0, probe=True)
+    def _sit_out(self, options: dict) -> Optional[Callable[[], None]]:
+        """A call ToMe leaves whole gets the dit replace patches without ToMe's (another node's it chained stand in its
+        place), so no block runs ToMe code: each patch that only passes the block on is launch time in every block.
+        The object-patched blocks (NextDiT) keep their copy, which passes the block on."""
+        replace = options.get("patches_replace")
+        blocks = replace.get("dit") if isinstance(replace, dict) else None
+        if not blocks:
+            return None
+        whole = {}
+        for key, patch in blocks.items():  # a loop, not a comprehension: each of those is a Python call (3.11)
+            if getattr(patch, "tome_owner", None) is not self:
+                whole[key] = patch
+            elif patch.tome_previous is not None:
+                whole[key] = patch.tome_previous
+        options["patches_replace"] = dict(replace, dit=whole)
+        return lambda: options.__setitem__("patches_replace", replace)
 
-    def _reached(self, call: _MergeCall) -> bool:
-        return call.reached
+    def _probe(self) -> MergeCall:
+        return MergeCall(None, probe=True)
 
     def reducible(self, layout: TokenLayout) -> bool:
         return layout.grid_tokens >= max(self.config.min_tokens, 4)
 
-    def _new_call(self, base: Any, x: torch.Tensor, t: Any, context: Any, extra: dict,
-                  options: dict) -> Optional[_MergeCall]:
-        found = self._read_call(base, x, t, context, extra)
-        if found is None:
-            return None
-        layout, sigma = found
-        config = self.config
+    def build(self, reading: CallReading, first: bool) -> MergeCall:
+        """The engine's merge plan (ComfyUI's layout holds the text where the model's joint blocks do: the stream),
+        with ComfyUI's additions: whether reference tokens are modulated by position (``zero_refs``), and whether the
+        merged keys can be weighed (``weigh``: the attention the blocks run takes the mask, probed once per override
+        and device)."""
+        base, x, _, extra, options = reading.host
+        if first and self.reuse.on:  # match_every: a sampling run never starts on the last run's matching
+            self.reuse.restart_on(options.get("sample_sigmas"))
+        call = super().build(reading, first)
         model = base_model(base.diffusion_model)
         params = getattr(model, "params", None)  # Flux keeps it in its params, Qwen-Image on the model
         method = extra.get("ref_latents_method", getattr(model, "default_ref_method",
                                                          getattr(params, "default_ref_method", None)))
-        call = _MergeCall(layout, sigma, zero_refs=method == _MergeCall.REFERENCE_METHOD)
-        call.reuse_key = (layout.grid, str(x.device))
-        # drawn here, outside any compiled block: the seeded destinations never reach traced code
-        call.destinations = self.destinations_for(layout.grid, merge_window(layout.grid, config.sx, config.sy),
-                                                  sigma, x.device)
+        call.zero_refs = method == REFERENCE_METHOD
         if self.attention != "plain":  # one look-up per call; the probe once per override and device
             where = (options.get(OVERRIDE), x.device)
             weigh = self.takes_mask.get(where)
@@ -153,7 +133,7 @@ class DiTMergePatch(DiTCallPatch):
         def tome_merge_block(args: dict, extra: dict) -> dict:
             # where the host passes it; a forward copied from an older ComfyUI (a step cache's) may pass it in extra
             options = args.get("transformer_options") or extra.get("transformer_options") or {}
-            call: Optional[_MergeCall] = options.get(CALL_KEY)
+            call: Optional[MergeCall] = options.get(CALL_KEY)
             run = (lambda a: previous(a, extra)) if previous is not None else extra["original_block"]
             if call is None:
                 return run(args)
@@ -174,12 +154,12 @@ class DiTMergePatch(DiTCallPatch):
 
         return tome_merge_block
 
-    def _merged(self, call: _MergeCall, args: dict, joint: bool) -> Optional[dict]:
+    def _merged(self, call: MergeCall, args: dict, joint: bool) -> Optional[dict]:
         """The block's args with the merged image tokens and the cut rotary table, or None to run it whole.
 
         The tokens after the grid (reference latents, which the model appends inside its forward) pass whole; where
         the model modulates them by position (``zero_refs``) a shorter grid would shift them: refused."""
-        spec, layout = self.family.merge, call.layout
+        spec, layout = self.family.merge, call.stream
         streams = args.get("img")
         img = streams[spec.img_item] if spec.img_item is not None and isinstance(streams, tuple) else streams
         separate = joint or self.family.text == "separate"  # the text is not in "img" (a cross-attention's)
@@ -195,16 +175,7 @@ class DiTMergePatch(DiTCallPatch):
         if after > 0 and call.zero_refs:
             raise self._references()
         stream = TokenLayout(layout.grid, prefix=prefix, suffix=after)
-        if call.match is None:
-            config = self.config
-            window = merge_window(layout.grid, config.sx, config.sy)
-            destinations = call.destinations
-            if destinations.device != img.device:
-                destinations = destinations.to(img.device)
-            tokens = img[:, stream.prefix:stream.prefix + layout.grid_tokens]
-            call.match = match_grid(tokens, layout.grid, config.ratio, destinations, window)
-            self.reuse.keep(call.reuse_key, call.match)
-        merge = call.merge_on(stream)
+        merge = call.matched(img, stream, self.config, self.reuse)
         merged = merge.merge(img)
         # ComfyUI's Flux and LTX-2 blocks add to their input in place (x += ...): the update is taken against a copy
         out = dict(args, _tome=(img, merged.clone(), merge))
@@ -221,24 +192,24 @@ class DiTMergePatch(DiTCallPatch):
             # block the same one (keyed by name, not by the table's id: under torch.compile an id is a guard that
             # fails at every call, a recompile per step)
             cut = (key, joint_layout)
-            if cut not in call.pe:
-                call.pe[cut] = (pe, _cut_table(pe, call.merge_on(joint_layout), spec.pe_axis))
-            out[key] = call.pe[cut][1]
+            if cut not in call.cuts:
+                call.cuts[cut] = (pe, _cut_table(pe, call.merge_on(joint_layout), spec.pe_axis))
+            out[key] = call.cuts[cut][1]
         for key in spec.per_token:  # Wan 2.2 ti2v: a timestep per token; LTX-2's per-token (or per-frame) timesteps
             value = args.get(key)
             if value is None:
                 continue
             cut = (key, merge.length)  # one cut per input and stream per call (by name, as the rotary table)
-            if cut not in call.pe:
-                call.pe[cut] = (value, _cut_per_token(value, merge))
-            out[key] = call.pe[cut][1]
+            if cut not in call.cuts:
+                call.cuts[cut] = (value, _cut_per_token(value, merge))
+            out[key] = call.cuts[cut][1]
         if call.weigh:
             self._weigh_keys(call, out, stream, merge, text)
         if not torch.compiler.is_compiling():
             self.reduced_calls += 1
         return out
 
-    def _weigh_keys(self, call: _MergeCall, args: dict, stream: TokenLayout, merge: TokenMerge, text: int) -> None:
+    def _weigh_keys(self, call: MergeCall, args: dict, stream: TokenLayout, merge: TokenMerge, text: int) -> None:
         """The merged keys weighed inside this block (``token_merge.key_bias``): its transformer_options (a copy) get
         ``weighed_attention`` as the attention override, chaining the override there before, and what it needs under
         ``WEIGH_KEY``."""
@@ -257,7 +228,7 @@ class DiTMergePatch(DiTCallPatch):
         per-call object (a closure per block would recompile at every call)."""
         options = kwargs.get("transformer_options") or {}
         stream, merge, text, previous = options[WEIGH_KEY]
-        call: _MergeCall = options[CALL_KEY]
+        call: MergeCall = options[CALL_KEY]
         args = list(args)
         q, k = (args[0], args[1]) if len(args) >= 3 else (kwargs.get("q"), kwargs.get("k"))
         keys = k.shape[2 if kwargs.get("skip_reshape", False) else 1] if isinstance(k, torch.Tensor) else -1
@@ -381,6 +352,6 @@ def attach(clone: Any, state: DiTMergePatch, wrapper_key: str, apply_model: str)
         previous = replaced.get((key, index))
         previous = getattr(previous, "tome_previous", previous) if getattr(previous, "tome_patch", False) else previous
         patch = state.block_patch(kind, previous)
-        patch.tome_patch, patch.tome_previous = True, previous
+        patch.tome_patch, patch.tome_previous, patch.tome_owner = True, previous, state
         clone.set_model_patch_replace(patch, "dit", key, index)
     return clone

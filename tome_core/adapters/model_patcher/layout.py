@@ -1,8 +1,9 @@
 """Where a ComfyUI DiT call's tokens sit, derived from the call itself: its latent, text and keywords, read through
 the family's ``comfy_families`` entry (no comfy import).
 
-The APPLY_MODEL wrapper calls these once per model call. Tokens whose place the entry cannot give make the call's
-layout None: such a call is left whole, never reduced on a guess.
+The APPLY_MODEL wrapper calls these once per model call, with the binding the patch resolved once (``entry``; found
+by the model's class where a caller gives none). Tokens whose place the entry cannot give make the call's layout None:
+such a call is left whole, never reduced on a guess.
 """
 from __future__ import annotations
 
@@ -11,15 +12,17 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ...catalogue.comfy_dits import ComfyDiT, attr_path, base_model, family_of, grid_last
+from ...catalogue.comfy_dits import ComfyDiT, attr_path, base_model, grid_last
+from ...catalogue.comfy_lookup import family_of
 from ...engine.grid import TokenLayout
 
 
-def token_grid(diffusion_model: Any, latent: torch.Tensor, padded: bool = True) -> Optional[Tuple[int, ...]]:
+def token_grid(diffusion_model: Any, latent: torch.Tensor, padded: bool = True,
+               entry: Optional[ComfyDiT] = None) -> Optional[Tuple[int, ...]]:
     """Token grid of a latent [B, C, (T,) H, W] after the model's patch embedding: the host pads it to the patch
     (``padded``), else the patch conv drops what does not fill one. A 4-d latent of a video model (a reference
     image) is patched on its last two axes."""
-    entry = family_of(diffusion_model)
+    entry = entry or family_of(diffusion_model)
     model = base_model(diffusion_model)
     if entry is None:
         patch = None
@@ -55,7 +58,7 @@ def _appended(diffusion_model: Any, entry: ComfyDiT, extra: Dict[str, Any],
         for latent in latents if isinstance(latents, (list, tuple)) else (latents,):
             if not isinstance(latent, torch.Tensor):
                 continue
-            grid = token_grid(diffusion_model, latent, padded=item.padded)
+            grid = token_grid(diffusion_model, latent, padded=item.padded, entry=entry)
             if grid is None or frames and len(grid) != 3:
                 return None
             counts[item.place] += grid[0] if frames else math.prod(grid)
@@ -68,16 +71,17 @@ def _leading_frames(diffusion_model: Any, entry: ComfyDiT, extra: Dict[str, Any]
     latent = extra.get(entry.replaced_frames) if entry.replaced_frames else None
     if not isinstance(latent, torch.Tensor):
         return entry.reference_frames
-    grid = token_grid(diffusion_model, latent)
+    grid = token_grid(diffusion_model, latent, entry=entry)
     return None if grid is None or len(grid) != 3 else entry.reference_frames + grid[0]
 
 
-def kept_frames(diffusion_model: Any, extra: Optional[Dict[str, Any]] = None) -> Optional[Tuple[int, int]]:
+def kept_frames(diffusion_model: Any, extra: Optional[Dict[str, Any]] = None,
+                entry: Optional[ComfyDiT] = None) -> Optional[Tuple[int, int]]:
     """(lead, trail): the frames at the start and at the end of the grid the host reports (``grid_sizes``: the
     latent the model patched) that keep every key. Lead: reference or replaced frames of the call's latent and
     frames the model concatenates in time before it (SCAIL's references); trail: frames concatenated after it
     (Wan's time_dim_concat). None where one of them cannot be patched."""
-    entry, extra = family_of(diffusion_model), extra or {}
+    entry, extra = entry or family_of(diffusion_model), extra or {}
     lead = None if entry is None else _leading_frames(diffusion_model, entry, extra)
     appended = None if lead is None else _appended(diffusion_model, entry, extra, frames=True)
     return None if appended is None else (lead + appended[0], appended[1])
@@ -92,11 +96,11 @@ def _unplaceable(entry: Any, extra: Dict[str, Any]) -> List[str]:
     return [key for key in (entry.unknown_with if entry is not None else ()) if extra.get(key) is not None]
 
 
-def refuse_unplaceable(diffusion_model: Any, extra: Dict[str, Any]) -> None:
+def refuse_unplaceable(diffusion_model: Any, extra: Dict[str, Any], entry: Optional[ComfyDiT] = None) -> None:
     """A call carrying tokens the catalogue cannot place (``unknown_with``, e.g. Z-Image Omni's reference latents and
     SigLIP features) stops the prompt, naming them: left whole, the image would come without ToMe while the node says
     otherwise."""
-    keys = _unplaceable(family_of(diffusion_model), extra)
+    keys = _unplaceable(entry or family_of(diffusion_model), extra)
     if keys:
         cls = type(base_model(diffusion_model))
         raise ValueError(f"ToMe: this {cls.__qualname__} call carries {' and '.join(keys)}, whose tokens ToMe cannot "
@@ -104,21 +108,23 @@ def refuse_unplaceable(diffusion_model: Any, extra: Dict[str, Any]) -> None:
 
 
 def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.Tensor],
-                 extra: Optional[Dict[str, Any]] = None) -> Optional[TokenLayout]:
+                 extra: Optional[Dict[str, Any]] = None, entry: Optional[ComfyDiT] = None,
+                 last: Optional[bool] = None) -> Optional[TokenLayout]:
     """Token layout of one model call from the latent x, the text, the patch size and the call's keywords.
 
     Tokens after the grid that the model adds itself (HunyuanVideo's text, Flux Kontext's and Qwen-Image-Edit's
     reference images) are not part of the layout: the override keeps them whole, whatever their number.
     HunyuanVideo puts reference-latent tokens (``ref_latent``) before its grid: they become the prefix.
+    last: whether this host runs the sequence grid last (``grid_last``, read once per patch; None: read now).
     """
-    entry, extra = family_of(diffusion_model), extra or {}
+    entry, extra = entry or family_of(diffusion_model), extra or {}
     if _unplaceable(entry, extra):
         return None
     if entry is not None and entry.streams:
         shapes = extra.get(entry.streams)
         if shapes:  # x is the packed streams [B, 1, N]: the grid comes from the first stream's shape
             x = torch.empty(tuple(shapes[0]), device="meta")
-    grid = None if entry is None else token_grid(diffusion_model, x)
+    grid = None if entry is None else token_grid(diffusion_model, x, entry=entry)
     if grid is None:
         return None
     model = base_model(diffusion_model)
@@ -133,9 +139,9 @@ def token_layout(diffusion_model: Any, x: torch.Tensor, context: Optional[torch.
         return TokenLayout(grid, suffix=text) if entry.text == "last" else TokenLayout(grid, prefix=text)
     if entry.text == "last":
         reference = extra.get("ref_latent")
-        if not isinstance(reference, torch.Tensor) or grid_last(diffusion_model):  # grid last: the rest is before it
-            return TokenLayout(grid)
-        ref_grid = token_grid(diffusion_model, reference)
+        if not isinstance(reference, torch.Tensor) or (grid_last(entry) if last is None else last):
+            return TokenLayout(grid)  # grid last: the rest is before it
+        ref_grid = token_grid(diffusion_model, reference, entry=entry)
         return None if ref_grid is None else TokenLayout(grid, prefix=math.prod(ref_grid))
     if context is None:
         return TokenLayout(grid) if entry.text_optional else None
@@ -168,11 +174,11 @@ def _separate_layout(diffusion_model: Any, entry: ComfyDiT, grid: Tuple[int, ...
 
 
 def ambiguous_lengths(diffusion_model: Any, context: Optional[torch.Tensor],
-                      extra: Optional[Dict[str, Any]] = None) -> Tuple[int, ...]:
+                      extra: Optional[Dict[str, Any]] = None, entry: Optional[ComfyDiT] = None) -> Tuple[int, ...]:
     """Key lengths of the call's other attentions whose queries could be the grid's: a cross-attention's text
     (text "separate") or other keys (``cross_keys``: Wan i2v's CLIP image tokens), and the other packed streams
     (``streams``). A self-attention of one of these lengths cannot be told from them, so it is left whole."""
-    entry, extra = family_of(diffusion_model), extra or {}
+    entry, extra = entry or family_of(diffusion_model), extra or {}
     if entry is None:
         return ()
     lengths = []

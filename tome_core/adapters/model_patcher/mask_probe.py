@@ -108,8 +108,7 @@ def mask_dropped(override: Optional[Callable], options: dict, device: torch.devi
 
     heads, generator = 2, torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, PROBE_TOKENS, heads * width, generator=generator).to(device, dtype) for _ in range(3))
-    mask = torch.full((1, PROBE_TOKENS), -float("inf"))
-    mask[:, KEPT_KEY] = 0
+    mask = torch.full((1, PROBE_TOKENS), -float("inf")).index_fill_(1, torch.tensor([KEPT_KEY]), 0.0)  # one key
     call = attention.wrap_attn(handed_func)  # calls the override as ComfyUI does, with the unwrapped function
     probe_options = dict(options, **({OVERRIDE: override} if override is not None else {}))
     try:

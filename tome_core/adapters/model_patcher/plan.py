@@ -1,32 +1,50 @@
-"""Plan, then attach: a ComfyUI/Forge patch validated and described before anything is registered.
+"""Resolve, plan, then attach: a ComfyUI/Forge patch validated and described before anything is registered.
 
-``plan_patch`` routes the model to the UNet patch or the DiT patch (the catalogue decides which), runs every
-refusal, and describes what the patch will do: kind, family, levels or blocks, the key/value window, the
-speed check. The ComfyUI nodes show that description as it is; ``attach`` then returns the patched clone.
+``resolve`` reads the patcher's model once: the catalogue's reading of a DiT (its binding, family, block lists and
+default range: ``comfy_lookup.comfy_model``), or a UNet. ``plan_patch`` routes that value to the UNet patch or the
+DiT patch, runs every refusal, and describes what the patch will do: kind, family, levels or blocks, the key/value
+window, the speed check. The ComfyUI nodes show that description as it is; ``attach`` then returns the patched
+clone from what the plan found, never asking the patcher again.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
+from ...catalogue.comfy_lookup import ComfyModel
 from ...engine.config import ToMeConfig
 from ...engine.kv import window_for_dims
-from .dit import block_count, check_dit_model_patcher, dit_family, merges, patch_dit_model_patcher
+from .dit import check_dit_model_patcher, patch_dit_model_patcher, resolve_dit
 from .unet import base_downsample_of, check_model_patcher, model_type_name, patch_model_patcher
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A patcher's model, resolved once per patch: its type's name, and the catalogue's reading of it where it is a
+    DiT (None: a UNet, or a model the UNet patch refuses by name)."""
+
+    patcher: Any
+    model_type: str
+    dit: Optional[ComfyModel]
+
+
+def resolve(patcher: Any) -> ResolvedModel:
+    """The patcher's model as the catalogue knows it (a ``ResolvedModel`` is returned as it is)."""
+    if isinstance(patcher, ResolvedModel):
+        return patcher
+    return ResolvedModel(patcher, model_type_name(patcher), resolve_dit(patcher))
 
 
 def is_dit(patcher: Any) -> bool:
     """Whether the catalogue knows the patcher's model as a transformer (DiT) family."""
-    return dit_family(patcher) is not None
+    return resolve(patcher).dit is not None
 
 
 def default_mode(patcher: Any) -> str:
     """The mode used where none is asked for: the DiT family's (``ModelFamily.default_mode``) where this class takes
     it (else kv), tomesd's merge on UNets."""
-    family = dit_family(patcher)
-    if family is None:
-        return "merge"
-    return family.mode_for(merges(patcher))
+    dit = resolve(patcher).dit
+    return "merge" if dit is None else dit.family.mode_for(dit.merges)
 
 
 @dataclass(frozen=True)
@@ -39,21 +57,22 @@ class PatchPlan:
 
 
 def plan_patch(patcher: Any, config: ToMeConfig) -> PatchPlan:
-    """Validate ``config`` on ``patcher`` and describe the patch; refusals raise here, before any clone."""
-    model_type = model_type_name(patcher)
-    family = dit_family(patcher)
-    if family is None:
-        base, _ = check_model_patcher(patcher, config)
-        description = dict(config.as_dict(), kind="unet", base_downsample=base, model_type=model_type)
-        return PatchPlan("unet", description, lambda: patch_model_patcher(patcher, config))
-    chosen = check_dit_model_patcher(patcher, config)  # every refusal, naming the model
-    count = block_count(patcher)
+    """Validate ``config`` on ``patcher`` (or the ``ResolvedModel`` of it) and describe the patch; refusals raise
+    here, before any clone."""
+    resolved = resolve(patcher)
+    patcher, model_type, dit = resolved.patcher, resolved.model_type, resolved.dit
+    if dit is None:
+        checked = check_model_patcher(patcher, config)
+        description = dict(config.as_dict(), kind="unet", base_downsample=checked[0], model_type=model_type)
+        return PatchPlan("unet", description, lambda: patch_model_patcher(patcher, config, checked))
+    chosen = check_dit_model_patcher(patcher, config, dit)  # every refusal, naming the model
+    count, family = dit.block_count, dit.family
     kv_window = window_for_dims(config.ratio, family.grid_dims, config.sx, config.sy) if config.mode == "kv" else ()
     description = dict(config.as_dict(), kind="dit", base_downsample=1, model_type=model_type, family=family.name,
                        title=family.title, kv_window=list(kv_window),
                        blocks=[count if chosen is None else sum(chosen), count],
                        merge_attention=family.attention_for(config) if config.mode == "merge" else None)
-    return PatchPlan("dit", description, lambda: patch_dit_model_patcher(patcher, config))
+    return PatchPlan("dit", description, lambda: patch_dit_model_patcher(patcher, config, dit, (chosen,)))
 
 
-__all__ = ["PatchPlan", "base_downsample_of", "default_mode", "is_dit", "plan_patch"]
+__all__ = ["PatchPlan", "ResolvedModel", "base_downsample_of", "default_mode", "is_dit", "plan_patch", "resolve"]

@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from ...catalogue.comfy_dits import ComfyDiT, family_of, grid_last
+from ...catalogue.comfy_dits import ComfyDiT, grid_last
+from ...catalogue.comfy_lookup import family_of
 from .layout import kept_frames
 from ...engine.grid import TokenLayout
 
@@ -43,13 +44,15 @@ class ReportBasis:
     expected_grid: Optional[Tuple[int, ...]] = None
 
 
-def report_basis(diffusion_model: Any, layout: TokenLayout, extra: Dict[str, Any],
-                 options: Dict[str, Any]) -> Optional[ReportBasis]:
-    """The basis for this call's reports; None where the family reads none."""
-    entry = family_of(diffusion_model)
+def report_basis(diffusion_model: Any, layout: TokenLayout, extra: Dict[str, Any], options: Dict[str, Any],
+                 entry: Optional[ComfyDiT] = None, last: Optional[bool] = None) -> Optional[ReportBasis]:
+    """The basis for this call's reports; None where the family reads none (``entry``, ``last``: the binding and
+    ``grid_last`` resolved once per patch; read now where not given)."""
+    entry = entry or family_of(diffusion_model)
     if entry is None or not entry.host_reports:
         return None
-    last, frames, grid = grid_last(diffusion_model), kept_frames(diffusion_model, extra), layout.grid
+    last = grid_last(entry) if last is None else last
+    frames, grid = kept_frames(diffusion_model, extra, entry), layout.grid
     expected = None if frames is None or len(grid) != 3 else (frames[0] + grid[0] + frames[1],) + grid[1:]
     return ReportBasis(layout, frames, entry.text == "first" or last, last,
                        tuple(options.get(key) for key in entry.host_reports), expected)

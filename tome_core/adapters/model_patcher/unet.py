@@ -27,9 +27,9 @@ import torch
 
 from ...engine.config import ToMeConfig, require_all_blocks
 from ...engine.levels import Level, level_grids
-from ...catalogue.comfy_dits import supported_names
+from ...catalogue.comfy_lookup import supported_names
 from ...catalogue.unets import attention_base_downsample, attention_levels
-from ...engine.plan import IDENTITY_PLAN, WHOLE, TokenMerger, TokenPlan
+from ...engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 from ...engine.schedule import SigmaWindow, sigma_value
 
 log = logging.getLogger("tome_core")
@@ -264,14 +264,15 @@ class UNetPatchState:
         self.warned_unwrapped = False
         self.needs_step = self.merger.needs_step()  # the config is frozen
         self.checked_attn1: Tuple[Callable, ...] = ()  # the attn1 patches last checked for a partner after ToMe
+        self.forcing: Optional[Tuple] = None  # in a speed-check repeat: the ((grid, downsample),) it reduces, or ()
 
     def prepare_call(self, model: Any, x: torch.Tensor, t: Any, options: dict,
                      rerun: Optional[Callable[[], Any]] = None) -> Optional[dict]:
         """Before a model call: refuse a partner registered after ToMe, and hand the blocks this call's per-level
         tables through ``options`` (only tables reach traced code: a float there would be guarded on, a recompile
         per step). The step is read on the host only where a window needs it; a random partition is drawn from
-        the sigma tensor on its device (engine ``step_choice``). rerun(): the model call once more, which the
-        speed check times whole and with each level reduced (once per shape).
+        the sigma tensor on its device (engine ``step_choice``). rerun(): the model call once more through ToMe's
+        wrapper, which the speed check times whole and with each level reduced (once per shape; ``forcing``).
 
         Where the call reduces nothing (outside its window, or every level left whole) ToMe's patches sit it out:
         ``options["patches"]`` becomes lists without them, and the lists it had are returned: the wrapper puts
@@ -291,30 +292,38 @@ class UNetPatchState:
         elif self.needs_step and t is not None:
             step = t
         self.call_step = step
-        if self.merger.reuse.on:  # match_every: a sampling run never starts on the last run's matching
+        forcing = self.forcing
+        if self.merger.reuse.on and forcing is None:  # match_every: a sampling run never starts on the last run's
             self.merger.reuse.restart_on(options.get("sample_sigmas"))
-        hw = (int(x.shape[-2]), int(x.shape[-1]))
-        levels = level_grids(*hw).keys()  # token counts of every level: a block of one this call leaves is left alone
-        run_level = None
-        if rerun is not None:
-            def run_level(grid: Tuple[int, int], downsample: int, reduced: bool) -> None:
-                table = self.merger.call_table(grid, step, x.device, downsample)
-                tokens = grid[0] * grid[1]
-                options[self.tables_key] = ({grid: table}, {tokens: grid}, levels - {tokens}) if reduced else _OFF
-                rerun()
+        hw, batch = (int(x.shape[-2]), int(x.shape[-1])), int(x.shape[0])
         dtype = getattr(model, "manual_cast_dtype", None)  # what ComfyUI's BaseModel computes in
         if not isinstance(dtype, torch.dtype):
             get_dtype = getattr(model, "get_dtype", None)
             dtype = get_dtype() if callable(get_dtype) else None
             dtype = dtype if isinstance(dtype, torch.dtype) else x.dtype
-        tables = self.merger.step_tables(hw, step, x.device, int(x.shape[0]), dtype, run_level)
-        grids = {}  # token count -> grid of each level this call reduces
-        for grid, table in tables.items():
-            if table is not WHOLE:
-                grids[grid[0] * grid[1]] = grid
-        options[self.tables_key] = (tables, grids, levels - grids.keys())
-        drop = self.fallback_patches if grids else self.own_patches
-        return self._hand_patches(options, drop) if drop else None
+        levels = forcing
+        if levels is None:
+            run_level = None if rerun is None else (
+                lambda grid, downsample, reduced: self.repeat_forced(((grid, downsample),) if reduced else (), rerun))
+            levels = self.merger.reduced_levels(hw, x.device, batch, dtype, run_level)
+        if not levels:  # the call reduces nothing: ToMe's patches sit it out
+            options[self.tables_key] = _OFF
+            return self._hand_patches(options, self.own_patches)
+        tables = self.merger.step_tables(hw, step, x.device, batch, dtype, levels=levels, reuse=forcing is None)
+        grids = {grid[0] * grid[1]: grid for grid in tables}  # token count -> grid of each level this call reduces
+        # token counts of every other level: a block of one this call leaves is left alone
+        options[self.tables_key] = (tables, grids, level_grids(*hw).keys() - grids.keys())
+        return self._hand_patches(options, self.fallback_patches) if self.fallback_patches else None
+
+    def repeat_forced(self, levels: Tuple, rerun: Callable[[], Any]) -> None:
+        """The model call once more, through ToMe's wrapper as the user gets it, reducing exactly ``levels`` (the
+        speed check's two sides: one level, or none)."""
+        previous, self.forcing = self.forcing, levels
+        try:
+            with torch.no_grad():
+                rerun()
+        finally:
+            self.forcing = previous
 
     @staticmethod
     def _hand_patches(options: dict, drop: Tuple[Callable, ...]) -> Optional[dict]:
@@ -398,7 +407,7 @@ def _apply_model_wrapper(state: UNetPatchState) -> Callable:
         if not isinstance(options, dict) or x.dim() != 4:
             return executor(x, t, *args, **kwargs)
         patches = state.prepare_call(getattr(executor, "class_obj", None), x, t, options,
-                                     lambda: executor(x, t, *args, **kwargs))
+                                     lambda: apply_model_wrapper(executor, x, t, *args, **kwargs))
         try:
             return executor(x, t, *args, **kwargs)
         finally:  # inline, not a method: one Python call fewer per model call
@@ -423,7 +432,7 @@ def _model_function_wrapper(state: UNetPatchState) -> Callable[[Optional[Callabl
         if not isinstance(options, dict) or not isinstance(x, torch.Tensor) or x.dim() != 4:
             return apply_model(x, t, **c)
         patches = state.prepare_call(getattr(apply_model, "__self__", None), x, t, options,
-                                     lambda: apply_model(x, t, **c))
+                                     lambda: prepared(apply_model, args))
         try:
             return apply_model(x, t, **c)
         finally:
@@ -473,7 +482,7 @@ def _slot_patches(state: UNetPatchState, kind: str) -> Tuple[Callable, Callable]
     pending: list = [IDENTITY_PLAN, None]
     claim, mode = f"tome_{kind}_merged", state.config.mode
 
-    def before(n, context, value, extra_options):
+    def before(n, context, value, extra_options: dict):
         # extra_options is made afresh for each block call and shared by its patches: an earlier
         # ToMe patch (a second ToMe node upstream) marks the block so that only the first one acts.
         plan = IDENTITY_PLAN if extra_options.get(claim) else state.plan_for(n, extra_options)
@@ -570,12 +579,13 @@ def check_model_patcher(patcher: Any, config: ToMeConfig) -> Tuple[int, SigmaWin
     return base, sigma_window(patcher, config)
 
 
-def patch_model_patcher(patcher: Any, config: ToMeConfig) -> Any:
+def patch_model_patcher(patcher: Any, config: ToMeConfig, checked: Optional[Tuple[int, SigmaWindow]] = None) -> Any:
     """Return a clone of ``patcher`` with ToMe registered; ``patcher`` itself is never changed.
 
-    Refuses (see ``check_model_patcher``) before cloning.
+    Refuses (see ``check_model_patcher``) before cloning. checked: what ``check_model_patcher`` returned for this
+    patcher and config (a host that checked first, as the ComfyUI node's plan does, reads the model once).
     """
-    base, window = check_model_patcher(patcher, config)
+    base, window = checked if checked is not None else check_model_patcher(patcher, config)
     clone = patcher.clone()
     if not config.enabled:
         return clone

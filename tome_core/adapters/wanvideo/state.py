@@ -9,8 +9,7 @@ that the block hooks read, and ``end``s it.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -19,33 +18,14 @@ from ...catalogue.wanvideo import (WanVideoDiT, attention_refusal, call_layout, 
 from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
-from ...engine.kv_state import KVPatchState, call_label
+from ...engine.call_plan import CallPlanner, CallReading, KVCall, MergeCall, PlannedCall
 from ...engine.schedule import step_signal
-from ...engine.token_merge import GridMatch, TokenMerge, match_grid, merge_window
 from .blocks import KVMode, merged_block_args, unmerged_output
 
 CLIP_TOKENS = 257  # Wan i2v's CLIP image tokens: a cross-attention of that key length looks like a self-attention
 
 
-@dataclass
-class Call:
-    """One model call: its layout and step; merge: the seeded destinations, then the matching and merge made at the
-    first reduced block; kv: the kept key indices. probe: only record that a block (merge) or self-attention (kv) was
-    reached. The per-block stashes live here for the length of one block call."""
-
-    layout: TokenLayout
-    probe: bool = False
-    destinations: Optional[torch.Tensor] = None
-    keep: Optional[torch.Tensor] = None
-    match: Optional[GridMatch] = None
-    merge: Optional[TokenMerge] = None
-    cuts: Dict[Any, Tuple[Any, Any]] = field(default_factory=dict)
-    pending: Dict[int, Any] = field(default_factory=dict)
-    reached: bool = False
-    inputs_checked: bool = False  # hooks._before_block: the first block's inputs are ones this mode knows
-
-
-class WanVideoPatch(KVPatchState):
+class WanVideoPatch(CallPlanner):
     """The state of one clone: config, binding, the blocks reduced; ``current`` is the running call's plan."""
 
     TOME_STATE = "tome_wanvideo"  # what the hooks look for (hooks.patch_in), the key it is kept under
@@ -54,8 +34,8 @@ class WanVideoPatch(KVPatchState):
                  block_count: int) -> None:
         super().__init__(config)
         self.binding, self.blocks_on, self.block_count = binding, blocks_on, block_count
-        self.current: Optional[Call] = None
-        self.busy = False  # the speed check is repeating the call: the model hooks leave ``current`` as set
+        self.current: Optional[PlannedCall] = None
+        self.busy = False  # kept False: a speed-check repeat runs through the model hooks (``forcing``)
         self.reach_checked = False
         self.listeners: list = []  # called with the verdict lines when the speed check decides a call shape
 
@@ -77,7 +57,7 @@ class WanVideoPatch(KVPatchState):
         if refused:
             raise ValueError(refused)
         config = self.config
-        if not config.enabled:
+        if not config.enabled or self.forcing is False:
             return
         latents = kwargs.get("x", args[0] if args else None)
         layout = call_layout(model, dict(kwargs, x=latents))
@@ -86,23 +66,19 @@ class WanVideoPatch(KVPatchState):
         device = latents[0].device
         progress = kwargs.get("current_step_percentage")
         if not config.in_schedule(None if progress is None else float(progress)):
-            if not self.reach_checked:
-                self.current = Call(layout, probe=True)  # the first call, outside the window: check the hooks reach
+            if not self.reach_checked:  # the first call, outside the window: check the hooks reach
+                self.current = MergeCall(layout, probe=True) if config.mode == "merge" else KVCall(layout, None,
+                                                                                                    probe=True)
             return
         if config.mode == "kv" and layout.length in (int(getattr(model, "text_len", 512)), CLIP_TOKENS):
             self.warn_once("ambiguous", f"ToMe: {layout.length} video tokens equal the text's or the CLIP image's "
                            "token count; kv leaves this size unreduced (self- and cross-attention look alike).")
             return
         step = step_signal(kwargs.get("t", args[1] if len(args) > 1 else None))
-        call = Call(layout)
-        if config.mode == "merge":
-            window = merge_window(layout.grid, config.sx, config.sy)
-            call.destinations = self.destinations_for(layout.grid, window, step, device)
-        else:
-            call.keep = self.keep_for(layout, step, device)
-        if config.speed_check != "off" and not self._pays(model, args, kwargs, call, len(latents), device):
-            return
-        self.current = call
+        reading = CallReading(layout, step, len(latents), getattr(model, "base_dtype", torch.float32), device,
+                              f"WanVideoWrapper {type(model).__name__}")
+        repeat = None if _unrepeatable(model) else (lambda: self._again(model, args, kwargs))
+        self.current = self.plan(reading, repeat)
 
     def end(self, model: torch.nn.Module) -> None:
         """After a model call: the first planned call must have reached ToMe's block hooks (else nothing would be
@@ -117,33 +93,18 @@ class WanVideoPatch(KVPatchState):
     def _window_reduces(self, layout: TokenLayout) -> bool:
         if self.config.mode == "merge":
             return True
-        return any(s > 1 for s in dit_window(self.config.ratio, layout.grid, self.config.sx, self.config.sy))
+        return max(dit_window(self.config.ratio, layout.grid, self.config.sx, self.config.sy)) > 1
 
-    def _pays(self, model: torch.nn.Module, args: tuple, kwargs: dict, call: Call, batch: int,
-              device: torch.device) -> bool:
-        """The speed check of this call shape (``call_pays``); a new verdict goes to the listeners (the node)."""
-        before = dict(self.verdicts)
-        run = None if _unrepeatable(model) else self._repeat(model, args, kwargs, call)
-        pays = self.call_pays(("WanVideoWrapper", type(model).__name__, call.layout, batch),
-                              call_label(call.layout.grid, batch), getattr(model, "base_dtype", torch.float32),
-                              device, run)
-        if self.verdicts != before:
-            for listener in self.listeners:
-                listener(self.describe_verdicts())
-        return pays
+    def verdict_changed(self) -> None:
+        for listener in self.listeners:  # the node shows the verdicts where the user looks
+            listener(self.describe_verdicts())
 
-    def _repeat(self, model: torch.nn.Module, args: tuple, kwargs: dict, call: Call) -> Callable[[bool], None]:
-        """The speed check's repeat of this model call, whole or reduced (its output dropped)."""
-
-        def run(reduced: bool) -> None:
-            self.busy, self.current = True, (call if reduced else None)
-            try:
-                with torch.no_grad():
-                    model(*args, **kwargs)
-            finally:
-                self.busy, self.current = False, None
-
-        return run
+    @staticmethod
+    def _again(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """The speed check's repeat of this model call, through ToMe's hooks as the user gets it (``forcing`` says
+        whole or reduced; its output dropped)."""
+        with torch.no_grad():
+            model(*args, **kwargs)
 
     # --- one block call -------------------------------------------------------------------------------------------
     def before_block(self, index: int, block: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[tuple]:
@@ -162,13 +123,7 @@ class WanVideoPatch(KVPatchState):
         call.reached = True
         x = args[0] if args else kwargs["x"]
         _check_stream(call.layout, x, kwargs)
-        if call.merge is None:
-            config, grid = self.config, call.layout.grid
-            destinations = call.destinations.to(x.device) if call.destinations.device != x.device \
-                else call.destinations
-            tokens = x[:, call.layout.prefix:call.layout.prefix + call.layout.grid_tokens]
-            call.match = match_grid(tokens, grid, config.ratio, destinations, merge_window(grid, config.sx, config.sy))
-            call.merge = call.match.on(call.layout)
+        call.matched(x, call.layout, self.config, self.reuse)
         if not args:
             args = (kwargs.pop("x"),)
         new_args, new_kwargs, pending = merged_block_args(self.binding.merge, call.merge, x, args, kwargs, call.cuts)
