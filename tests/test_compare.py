@@ -199,3 +199,46 @@ def test_psnr_and_ssim():
     reference = skimage_metrics.structural_similarity(a, b, channel_axis=2, data_range=1, gaussian_weights=True,
                                                       sigma=1.5, use_sample_covariance=False)
     assert ssim(a, b) == pytest.approx(reference, abs=1e-12) and ssim(a, b) < 0.99
+
+
+def test_the_compare_json_names_toms_own_commit_never_a_repository_around_a_copy(tmp_path):
+    """A copy of tome inside another git repository (ComfyUI's custom_nodes/tome, a WebUI's extensions folder)
+    names no commit; its own checkout names its HEAD."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    from pathlib import Path
+
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")
+
+    def git(cwd, *args):
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True,
+                              env=env).stdout.strip()
+
+    repo = Path(tome_core.__file__).resolve().parents[1]
+    outer, own = tmp_path / "outer", tmp_path / "own"
+    for root in (outer, own):
+        root.mkdir()
+        git(root, "init", "-q")
+    (outer / "other.txt").write_text("another project\n")
+    git(outer, "add", "other.txt")
+    git(outer, "commit", "-q", "-m", "other")
+    ignore = shutil.ignore_patterns("__pycache__")
+    for root in (outer / "tome", own):
+        shutil.copytree(repo / "tome_core", root / "tome_core", ignore=ignore)
+    git(own, "add", "tome_core")
+    git(own, "commit", "-q", "-m", "tome")
+    code = ("import tome_core.tools.compare.command as command\n"
+            "assert command.__file__.startswith(__import__('sys').argv[1]), command.__file__\n"
+            "print(command.git_commit())\n")
+    seen = {}
+    for name, root in (("copy", outer / "tome"), ("own", own)):
+        proc = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=120,
+                              cwd=root, env=dict(os.environ, PYTHONPATH=str(root)))
+        assert proc.returncode == 0, proc.stderr
+        seen[name] = proc.stdout.strip()
+    assert seen == {"copy": "None", "own": git(own, "rev-parse", "HEAD")}

@@ -17,7 +17,7 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
-from tome_core.adapters.hooks import dit_merge
+from tome_core.engine import call_plan
 from tome_core.engine.grid import TokenLayout
 from tome_core.engine.token_merge import GridMatch, TokenMerge, _window_of_each_token
 
@@ -113,11 +113,12 @@ def soften(match: GridMatch, tokens: torch.Tensor, grid: Sequence[int], window: 
 @contextlib.contextmanager
 def applied(temperature: Optional[float] = None, medoid: bool = False) -> Iterator[None]:
     """While open, the diffusers DiT merge hooks match with medoid destinations and/or soften the matching at
-    ``temperature`` (None: hard), by wrapping their ``match_grid``."""
+    ``temperature`` (None: hard), by wrapping the engine call plan's ``match_grid`` (every host's merge matches
+    there)."""
     if temperature is None and not medoid:
         yield
         return
-    original = dit_merge.match_grid
+    original = call_plan.match_grid
 
     def match(tokens, grid, ratio, destinations, window):
         if medoid:
@@ -125,8 +126,8 @@ def applied(temperature: Optional[float] = None, medoid: bool = False) -> Iterat
         found = original(tokens, grid, ratio, destinations, window)
         return found if temperature is None else soften(found, tokens, grid, window, temperature)
 
-    dit_merge.match_grid = match
+    call_plan.match_grid = match
     try:
         yield
     finally:
-        dit_merge.match_grid = original
+        call_plan.match_grid = original

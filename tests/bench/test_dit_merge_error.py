@@ -14,6 +14,7 @@ pytest.importorskip("skimage")
 
 import tome_core  # noqa: E402
 from tome_core.adapters.hooks import dit_merge  # noqa: E402
+from tome_core.engine import call_plan  # noqa: E402
 from tome_bench import dit_models  # noqa: E402
 from tome_bench.experiments import dit_merge_error as exp  # noqa: E402
 
@@ -69,16 +70,16 @@ def test_ratio_zero_is_the_identity_and_variants_remove_the_same_tokens(wan):
                 assert 0 < exp.cfg_err("wan", out, reference) < 1 and blocks == 2
     grid = exp._tokens("wan", exp.TINY_SIZES["wan"])
     assert set(removed.values()) == {grid // 2}
-    assert dit_merge.match_grid.__name__ == "match_grid" and dit_merge.merge_window.__name__ == "merge_window"
+    assert call_plan.match_grid.__name__ == "match_grid" and call_plan.merge_window.__name__ == "merge_window"
 
 
 def test_windows_reach_the_engine():
     """Inside ``video_window`` a 3-D grid gets the window (cut to the grid), an image grid today's."""
     with exp.video_window((2, 2, 2)):
-        assert dit_merge.merge_window((1, 4, 4), 2, 2) == (1, 2, 2)
-        assert dit_merge.merge_window((4, 6, 8), 2, 2) == (2, 2, 2)
-        assert dit_merge.merge_window((6, 8), 2, 2) == (2, 2)
-    assert dit_merge.merge_window((4, 6, 8), 2, 2) == (1, 2, 2)
+        assert call_plan.merge_window((1, 4, 4), 2, 2) == (1, 2, 2)
+        assert call_plan.merge_window((4, 6, 8), 2, 2) == (2, 2, 2)
+        assert call_plan.merge_window((6, 8), 2, 2) == (2, 2)
+    assert call_plan.merge_window((4, 6, 8), 2, 2) == (1, 2, 2)
 
 
 def test_block_ranges_cover_what_they_name():

@@ -19,8 +19,8 @@ noised to the step), at reduced sizes and depth so that it runs on a CPU:
   told that timestep), to tell whether merging only the high-noise steps (start_percent/end_percent) costs less.
 
 Implemented inside this process: the matching features by a pre-hook on the first reduced block and
-``match_grid`` wrapped in the DiT merge hooks' module; the windows by wrapping ``merge_window`` there. Errors
-only (no timing), so it runs on a busy machine.
+``match_grid`` wrapped in the engine's call plan (``tome_core.engine.call_plan``, where every host's merge matches);
+the windows by wrapping ``merge_window`` there. Errors only (no timing), so it runs on a busy machine.
 
 Run (from the repository root; writes docs/results/dit_merge_error_cpu.json, each experiment's key replaced):
     python -m tome_bench.experiments.dit_merge_error --experiments features,windows,blocks,noise_levels
@@ -38,6 +38,7 @@ import torch
 
 import tome_core
 from tome_core.adapters.hooks import dit_merge
+from tome_core.engine import call_plan
 from tome_core.catalogue.diffusers_lookup import family_of
 from tome_bench import content, dit_models, measure, report
 
@@ -137,7 +138,7 @@ def matched_on(model: torch.nn.Module, kind: str) -> Iterator[None]:
         named = dit_merge._keywords(module, args, kwargs)
         held["features"] = _block_features(module, named, kind)
 
-    original = dit_merge.match_grid
+    original = call_plan.match_grid
 
     def match(tokens: torch.Tensor, grid, ratio, destinations, window):
         features = held.pop("features")
@@ -145,12 +146,13 @@ def matched_on(model: torch.nn.Module, kind: str) -> Iterator[None]:
             raise RuntimeError(f"features {tuple(features.shape)} do not cover the grid's tokens {tuple(tokens.shape)}")
         return original(features, grid, ratio, destinations, window)
 
-    handle = block.register_forward_pre_hook(before, with_kwargs=True, prepend=True)  # before ToMe's pre-hook
-    dit_merge.match_grid = match
+    state.hooks.switch(True)  # ToMe's block hooks registered now (they are while calls are reduced), so that
+    handle = block.register_forward_pre_hook(before, with_kwargs=True, prepend=True)  # this one runs before them
+    call_plan.match_grid = match
     try:
         yield
     finally:
-        dit_merge.match_grid = original
+        call_plan.match_grid = original
         handle.remove()
 
 
@@ -160,16 +162,16 @@ def video_window(window: Optional[Tuple[int, int, int]]) -> Iterator[None]:
     if window is None:
         yield
         return
-    original = dit_merge.merge_window
+    original = call_plan.merge_window
 
     def spanning(grid, sx, sy):
         return tuple(min(w, n) for w, n in zip(window, grid)) if len(grid) == 3 else original(grid, sx, sy)
 
-    dit_merge.merge_window = spanning
+    call_plan.merge_window = spanning
     try:
         yield
     finally:
-        dit_merge.merge_window = original
+        call_plan.merge_window = original
 
 
 def merged(model: torch.nn.Module, inputs: dict, ratio: float, features: str = "input",

@@ -60,9 +60,10 @@ def cuda_syncs(forward: Callable[[], object]) -> int:
 
 def run_case(family: str, px: int, device: torch.device, dtype: torch.dtype, alternations: int,
              clock: timing.Clock | None = None, log: Callable[[str], None] = print,
-             unet: torch.nn.Module | None = None) -> dict:
+             unet: torch.nn.Module | None = None, on_row: Callable[[dict], None] | None = None) -> dict:
     """Every patch of ``CASES`` on ``family`` at ``px``: counts, and where calls queue (or ``clock`` is given),
-    interleaved timings. ``unet``: a model of ``family`` already built (tests), else the full-width one."""
+    interleaved timings. ``unet``: a model of ``family`` already built (tests), else the full-width one.
+    on_row(case so far): called after each row, so a run stopped by its time limit keeps what it measured."""
     unet = unet if unet is not None else build_unet(family, dtype=dtype).to(device)
     sample, _, context, added = make_inputs(unet, family, 2, px, px, dtype=dtype)
     sample, context = sample.to(device), context.to(device)
@@ -78,6 +79,8 @@ def run_case(family: str, px: int, device: torch.device, dtype: torch.dtype, alt
     forward()
     vanilla, _ = count_ops(forward)
     rows = []
+    case = {"family": family, "px": px, "batch": 2, "dtype": str(dtype).replace("torch.", ""),
+            "vanilla": {"host_syncs": vanilla.syncs, "aten_ops": vanilla.total}, "rows": rows}
     for label, options in CASES:
         tome_core.apply_patch(unet, **options)
         try:
@@ -98,8 +101,9 @@ def run_case(family: str, px: int, device: torch.device, dtype: torch.dtype, alt
                 f"{row['timing']['ratio_max']:.3f})" if timed else ""
         log(f"{family} {px}px {label}: syncs {count.syncs}, ATen ops +{count.total - vanilla.total}, "
             f"Python calls into tome_core {count.tome_calls}{speed}")
-    return {"family": family, "px": px, "batch": 2, "dtype": str(dtype).replace("torch.", ""),
-            "vanilla": {"host_syncs": vanilla.syncs, "aten_ops": vanilla.total}, "rows": rows}
+        if on_row is not None:
+            on_row(case)
+    return case
 
 
 def main(argv=None) -> None:
@@ -118,21 +122,23 @@ def main(argv=None) -> None:
     cuda = device.type == "cuda"
     dtype = torch.float16 if cuda else torch.float32
     cases = args.case or (list(GPU_CASES) if cuda else [f"sd15:{args.px or 256}"])
-    results = []
-    for spec in cases:
-        family, _, px = spec.partition(":")
-        results.append(run_case(family, int(px or 512), device, dtype, args.alternations))
     command = "python -m tome_bench.experiments.fixed_cost " + " ".join(argv if argv is not None else
                                                                           __import__("sys").argv[1:])
     out = {"experiment": "fixed_cost", "command": command.strip(), "device": str(device),
            "cpu": platform.processor() or platform.machine(), "torch": torch.__version__, "commit": source_commit(),
-           "environment": environment(args.device), "cases": results}
-    if not cuda and len(results) == 1:  # the CPU file keeps its layout: one case's rows at the top
-        out.update(model=f"SD1.5 UNet (full width, seeded weights), batch 2, {results[0]['px']}x{results[0]['px']} "
-                   "px, fp32", vanilla=results[0]["vanilla"], rows=results[0]["rows"])
-    name = f"fixed_cost_{device.type}.json" if cuda else "fixed_cost_sd15_cpu.json"
-    path = results_path(name)
-    path.write_text(json.dumps(out, indent=2, default=str) + "\n")
+           "environment": environment(args.device), "cases": []}
+    path = results_path(f"fixed_cost_{device.type}.json" if cuda else "fixed_cost_sd15_cpu.json")
+
+    def write(case: dict) -> None:  # after every row: a run stopped by its limit keeps its rows
+        out["cases"] = [c for c in out["cases"] if c is not case] + [case]
+        if not cuda and len(out["cases"]) == 1:  # the CPU file keeps its layout: one case's rows at the top
+            out.update(model=f"SD1.5 UNet (full width, seeded weights), batch 2, {case['px']}x{case['px']} px, "
+                       "fp32", vanilla=case["vanilla"], rows=case["rows"])
+        path.write_text(json.dumps(out, indent=2, default=str) + "\n")
+
+    for spec in cases:
+        family, _, px = spec.partition(":")
+        run_case(family, int(px or 512), device, dtype, args.alternations, on_row=write)
     print(f"wrote {path}")
 
 

@@ -30,7 +30,7 @@ class SwitchedHooks:
     them), "post", "post-always" (a forward hook that also runs when the forward raised) or "post-always-kwargs" (and
     takes the call's kwargs), and earlier the ids of the module's hooks of that kind that were there when the patch
     was applied: registered later, ToMe's hook still runs where it would have run had it stayed (after those, before
-    any hook added since).
+    any hook appended since; a hook prepended since stays first).
     """
 
     def __init__(self) -> None:
@@ -54,9 +54,14 @@ class SwitchedHooks:
                 handle = module.register_forward_hook(hook, always_call=kind.startswith("post-always"),
                                                       with_kwargs=kind.endswith("kwargs"))
             self.handles.append(handle)
+            # ToMe's hook goes where it stood when the patch was applied: right after the last of the hooks there
+            # then; hooks added since after it, as they were, unless one was put first (``prepend``)
             hooks = _hook_dict(module, kind)
-            for key in [key for key in hooks if key not in earlier and key != handle.id]:
-                hooks.move_to_end(key)  # hooks added after apply_patch run after ToMe's, as they did
+            keys = list(hooks)
+            last = max((i for i, key in enumerate(keys) if key in earlier), default=-1)
+            for key in keys[last + 1:]:
+                if key != handle.id:
+                    hooks.move_to_end(key)
         self.attached = True
 
     def remove(self) -> None:

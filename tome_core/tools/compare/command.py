@@ -197,9 +197,14 @@ def run_all(pipe: Any, prompts: Sequence[str], settings: Sequence[Dict[str, Any]
 
 
 def git_commit() -> Optional[str]:
-    """The commit of the tome checkout this module runs from (``+dirty`` with uncommitted changes), or None."""
+    """The commit of the tome checkout this module runs from (``+dirty`` with uncommitted changes), or None: never
+    that of a git repository a copy of tome merely sits inside (a ComfyUI checkout holding custom_nodes/tome)."""
     root = Path(__file__).resolve().parents[3]  # tome_core/tools/compare/command.py -> the checkout
     try:
+        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=10)
+        if top.returncode or Path(top.stdout.strip()).resolve() != root:
+            return None
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10)
         if head.returncode:
