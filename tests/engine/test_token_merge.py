@@ -51,9 +51,9 @@ def test_merge_is_the_mean_and_unmerge_adds_each_slots_update():
     for slot in range(merge.slots):
         members = (merge.group == slot).nonzero().flatten()
         assert torch.allclose(merged[:, slot], x[:, members].mean(1), atol=1e-6)
-    update = torch.randn_like(merged)
+    update = torch.randn(merged.shape, generator=torch.Generator().manual_seed(1))  # not the global RNG: any order
     out = merge.unmerge_update(x, merged, merged + update)
-    assert torch.allclose(out, x + update[:, merge.group])
+    assert torch.allclose(out, x + update[:, merge.group], atol=1e-6)  # (m + u) - m is u to float32's rounding
     assert torch.equal(merge.unmerge_update(x, merged, merged), x)  # a block that changes nothing changes nothing
 
 
