@@ -99,10 +99,16 @@ def count_ops(fn: Callable[[], torch.Tensor]) -> tuple[OpCount, torch.Tensor]:
 
 def count_tome_calls(fn: Callable[[], object]) -> int:
     """Run ``fn()`` once and count the Python calls it makes into functions defined in ``tome_core``."""
+    return count_python_calls(fn, TOME_CORE_DIR)
+
+
+def count_python_calls(fn: Callable[[], object], under: str = "") -> int:
+    """Run ``fn()`` once and count the Python calls it makes into functions defined in files under ``under`` (every
+    one where it is empty: a host's property walking the model on each call costs as much as ToMe's own code)."""
     calls = [0]
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(TOME_CORE_DIR):
+        if event == "call" and frame.f_code.co_filename.startswith(under):
             calls[0] += 1
 
     previous = sys.getprofile()

@@ -13,7 +13,7 @@ import torch
 
 import tome_core
 from tome_bench.models import build_unet, make_inputs
-from tome_bench.op_count import count_ops
+from tome_bench.op_count import count_ops, count_python_calls
 from tome_core.catalogue.unets import level_blocks
 from conftest import StandInClock as DriftingClock
 
@@ -194,26 +194,6 @@ def test_the_experiment_counts_and_times_a_tiny_unet_on_a_stand_in_clock():
     assert case["rows"][0]["host_syncs"] == 0 and "1.000x vanilla" in lines[0]
 
 
-def python_calls(fn) -> int:
-    """Every Python function call ``fn()`` makes (``sys.setprofile``), in any package: a host property walking the
-    model on each call (diffusers' ``ModelMixin.dtype``, 700 calls on a UNet) counts as much as ToMe's own code."""
-    import sys
-
-    calls = [0]
-
-    def profile(frame, event, arg):
-        if event == "call":
-            calls[0] += 1
-
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(previous)
-    return calls[0]
-
-
 def _forced_verdicts(monkeypatch, speedup: float) -> None:
     from tome_core.engine import speed_check
 
@@ -231,13 +211,13 @@ def test_a_unet_level_the_speed_check_left_whole_costs_what_vanilla_costs(unet, 
     0.974x: diffusers' ``unet.dtype`` walked all of the UNet's modules in every call. A call that reduces nothing now
     adds a handful of Python calls in all (ToMe's pre-hook, the verdict's look-up, torch's compile guard)."""
     _forced_verdicts(monkeypatch, 0.9)
-    vanilla_calls = python_calls(lambda: forward(unet, inputs))
+    vanilla_calls = count_python_calls(lambda: forward(unet, inputs))
     vanilla, expected = count_ops(lambda: forward(unet, inputs))
     tome_core.apply_patch(unet, ratio=0.5, **dict(HOST_DEFAULTS, speed_check="on"))
     try:
         forward(unet, inputs)  # the first call decides (left whole)
         count, out = count_ops(lambda: forward(unet, inputs))
-        calls = python_calls(lambda: forward(unet, inputs))
+        calls = count_python_calls(lambda: forward(unet, inputs))
         assert "left whole" in tome_core.describe(unet)
         assert block_hooks(unet) == 0
     finally:
@@ -256,7 +236,7 @@ def test_a_transformer_call_that_reduces_nothing_runs_no_tome_code_in_its_blocks
 
     model = build_dit("flux", blocks=2, scale="tiny")
     inputs = make_dit_inputs(model, "flux", 2, 64, 64, seed=1)
-    vanilla_calls = python_calls(lambda: dit_forward(model, inputs))
+    vanilla_calls = count_python_calls(lambda: dit_forward(model, inputs))
     vanilla, expected = count_ops(lambda: dit_forward(model, inputs))
     options = dict(ratio=0.5, mode=mode)
     if how == "left whole":
@@ -268,7 +248,7 @@ def test_a_transformer_call_that_reduces_nothing_runs_no_tome_code_in_its_blocks
     try:
         dit_forward(model, inputs)
         count, out = count_ops(lambda: dit_forward(model, inputs))
-        calls = python_calls(lambda: dit_forward(model, inputs))
+        calls = count_python_calls(lambda: dit_forward(model, inputs))
         hooked = [(name, m._forward_pre_hooks, m._forward_hooks) for name, m in model.named_modules()
                   if m is not model and (m._forward_pre_hooks or m._forward_hooks)]
     finally:

@@ -60,35 +60,36 @@ def _annotated_container(annotation: ast.AST) -> bool:
     return annotation is not None and any(hint in ast.unparse(annotation) for hint in CONTAINER_HINTS)
 
 
-def _containers(function: ast.AST) -> Set[str]:
-    """Names the function itself binds to a Python container (by value or by annotation)."""
+def _bound_to_containers(tree: ast.AST, kind: type) -> Set[str]:
+    """The names (``kind`` ast.Name) or attributes (ast.Attribute: ``self.reached = [False]``) that ``tree`` binds
+    to a Python container, by value or by annotation."""
     names = set()
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) \
+            else []
+        value = getattr(node, "value", None)
+        container = value is not None and _container_value(value) or \
+            isinstance(node, ast.AnnAssign) and _annotated_container(node.annotation)
+        names.update((t.id if kind is ast.Name else t.attr) for t in targets if isinstance(t, kind) and container)
+    return names
+
+
+def _containers(function: ast.AST) -> Set[str]:
+    """Names the function binds to a Python container: its arguments annotated as one, ``**kwargs``, and its own
+    assignments."""
+    names = _bound_to_containers(function, ast.Name)
     if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
         arguments = function.args
-        for arg in arguments.args + arguments.kwonlyargs + arguments.posonlyargs:
-            if _annotated_container(arg.annotation):
-                names.add(arg.arg)
+        names.update(arg.arg for arg in arguments.args + arguments.kwonlyargs + arguments.posonlyargs
+                     if _annotated_container(arg.annotation))
         if arguments.kwarg is not None:
             names.add(arguments.kwarg.arg)
-    for node in ast.walk(function):
-        if isinstance(node, ast.Assign) and _container_value(node.value):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and (
-                _annotated_container(node.annotation) or (node.value is not None and _container_value(node.value))):
-            names.add(node.target.id)
     return names
 
 
 def _container_attributes(tree: ast.Module) -> Set[str]:
     """Attributes the module ever sets to a Python container (``self.reached = [False]``)."""
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and _container_value(node.value):
-            names.update(t.attr for t in node.targets if isinstance(t, ast.Attribute))
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Attribute) and (
-                _annotated_container(node.annotation) or (node.value is not None and _container_value(node.value))):
-            names.add(node.target.attr)
-    return names
+    return _bound_to_containers(tree, ast.Attribute)
 
 
 def _scopes(node: ast.AST, outer: Set[str]) -> Iterator[Tuple[ast.AST, Set[str]]]:
