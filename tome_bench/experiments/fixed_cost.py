@@ -1,7 +1,8 @@
 """What one UNet forward pays for a ToMe patch, on any device's terms and, on a GPU, in time.
 
 Counted on every device (the second forward after ``apply_patch``, as ``bench --ops`` counts, ``tome_bench.op_count``):
-host syncs, ATen ops added over vanilla and Python calls into ``tome_core``, for patches that reduce nothing (ratio
+host syncs, ATen ops added over vanilla, Python calls into ``tome_core`` and Python calls added in all (a host's
+property walking the model counts too), for patches that reduce nothing (ratio
 0, every level left whole by ``min_tokens``, a call outside the step window) and for the reduced paths (the hosts'
 default, tomesd's defaults, kv).
 
@@ -27,7 +28,7 @@ import torch
 import tome_core
 from tome_bench.measure import alternate
 from tome_bench.models import build_unet, make_inputs
-from tome_bench.op_count import count_ops
+from tome_bench.op_count import count_ops, count_python_calls
 from tome_bench.report import environment, source_commit
 from tome_core.engine import timing
 
@@ -78,6 +79,7 @@ def run_case(family: str, px: int, device: torch.device, dtype: torch.dtype, alt
     timed = clock.back_to_back
     forward()
     vanilla, _ = count_ops(forward)
+    vanilla_calls = count_python_calls(forward)
     rows = []
     case = {"family": family, "px": px, "batch": 2, "dtype": str(dtype).replace("torch.", ""),
             "vanilla": {"host_syncs": vanilla.syncs, "aten_ops": vanilla.total}, "rows": rows}
@@ -88,6 +90,7 @@ def run_case(family: str, px: int, device: torch.device, dtype: torch.dtype, alt
             count, _ = count_ops(forward)
             row = {"case": label, "options": options, "host_syncs": count.syncs,
                    "aten_ops_added": count.total - vanilla.total, "tome_calls": count.tome_calls,
+                   "python_calls_added": count_python_calls(forward) - vanilla_calls,  # in any package
                    "describe": tome_core.describe(unet)}
             if device.type == "cuda":
                 row["cuda_syncs"] = cuda_syncs(forward)
@@ -100,7 +103,7 @@ def run_case(family: str, px: int, device: torch.device, dtype: torch.dtype, alt
         speed = f", {row['timing']['ratio']:.3f}x vanilla (min {row['timing']['ratio_min']:.3f}, max " \
                 f"{row['timing']['ratio_max']:.3f})" if timed else ""
         log(f"{family} {px}px {label}: syncs {count.syncs}, ATen ops +{count.total - vanilla.total}, "
-            f"Python calls into tome_core {count.tome_calls}{speed}")
+            f"Python calls into tome_core {count.tome_calls}, in all +{row['python_calls_added']}{speed}")
         if on_row is not None:
             on_row(case)
     return case
