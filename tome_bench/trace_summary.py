@@ -26,7 +26,7 @@ HOST_API_CATS = ("cuda_runtime", "cuda_driver")
 COUNTED_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMalloc",
                  "cudaFree", "cudaHostAlloc", "cudaMallocHost", "cudaFreeHost")
 SYNC_CALLS = COUNTED_CALLS[:3]  # the host waits for the device
-HTOD = "cudaMemcpy HtoD"  # a host-to-device copy: made from a value on the host (issue 45: t[idx] = True on CUDA)
+HTOD = "cudaMemcpy HtoD"  # a host-to-device copy: a value made on the host (``t[idx] = True`` on CUDA)
 SDPA_OPS = {  # the aten op each SDPA backend dispatches to (as tome_bench.device.SDPA_KERNELS)
     "aten::_scaled_dot_product_flash_attention": "flash",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "flash-cpu",

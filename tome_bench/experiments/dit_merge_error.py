@@ -1,4 +1,4 @@
-"""What lowers DiT merge's error at the same speed? Four measurements at equal token counts (issue 34).
+"""What lowers DiT merge's error at the same speed? Four measurements at equal token counts.
 
 Mode merge's speed is set by how many tokens it removes from how many blocks; its error by which tokens and
 where. Every comparison here keeps the removed tokens (``ratio``) and the reduced blocks equal, or reports

@@ -1,4 +1,4 @@
-"""Each merging family's ratio at tomesd's quality: how much faster at the quality users already accept (issue 46).
+"""Each merging family's ratio at tomesd's quality: how much faster at the quality users already accept.
 
 For each family mode merge reaches (its diffusers classes, which the bench builds) at its native size, the bench's
 own run (``runner.run_benchmark``: the same models, inputs, warm-up, steady timing, and on CUDA traces) of vanilla

@@ -1,4 +1,4 @@
-"""How a merged token is used and chosen (issue 41): proportional attention, soft merge/unmerge, diverse
+"""How a merged token is used and chosen: proportional attention, soft merge/unmerge, diverse
 destinations, alone and combined, against today's merge and kv, at equal tokens carried.
 
 Every variant of mode merge here carries the same tokens through the same blocks (the same ``ratio`` of each

@@ -156,9 +156,8 @@ class CallPlanner:
         self._decided: Dict[Tuple, Tuple[int, bool]] = {}  # (what, dtype, device) -> (verdicts' generation, reduce)
         self.notes: List[str] = []  # what describe() adds to the settings ("... ignores masks: plain")
 
-    def decide(self, what: Tuple, dtype: torch.dtype, device: torch.device,
-               repeat: Optional[Callable[[], object]]) -> bool:
-        """Whether a model call of ``what`` (class, layout, batch) is reduced, asked before anything is planned.
+    def decide(self, reading: CallReading, repeat: Optional[Callable[[], object]]) -> bool:
+        """Whether the model call ``reading`` describes is reduced, asked before anything is planned.
 
         In a speed-check repeat, as the repeat says. Else the speed check's verdict (``speed_check.call_verdict``):
         cached per call shape, or timed now by running ``repeat()`` (the model call once more, through the patch, as
@@ -168,20 +167,19 @@ class CallPlanner:
             return self.forcing
         if self.config.speed_check == "off":
             return True
-        key = (what, dtype, device)
+        key = (reading.what, reading.dtype, reading.device)
         known = self._decided.get(key)
         if known is not None and known[0] == GENERATION[0]:
             return known[1]
-        return self._decide(key, repeat)
+        return self._decide(key, reading, repeat)
 
-    def _decide(self, key: Tuple, repeat: Optional[Callable[[], object]]) -> bool:
+    def _decide(self, key: Tuple, reading: CallReading, repeat: Optional[Callable[[], object]]) -> bool:
         config, (what, dtype, device) = self.config, key
         found = decided_call(config, what, dtype, device)
         if found is None:
             run = None if repeat is None else (lambda reduced: self.repeat_forced(reduced, repeat))
             found = call_verdict(config, what, dtype, device, run)
-        layout, batch = what[-2], what[-1]  # what: (..., layout, batch)
-        label = call_label(layout.grid, batch)  # e.g. "64x64 image tokens, batch 2", for describe_verdicts
+        label = call_label(reading.layout.grid, reading.batch)  # "64x64 image tokens, batch 2": describe_verdicts
         if self.verdicts.get(label) != found:
             self.verdicts[label] = found
             self.warn_once(f"verdict:{label}:{found}", f"ToMe speed check: {label}: {found.text(self.config.mode)}")
@@ -207,7 +205,7 @@ class CallPlanner:
         never reaches a traced graph."""
         if reading is None or self.forcing is False:
             return None
-        if not self.decide(reading.what, reading.dtype, reading.device, repeat):
+        if not self.decide(reading, repeat):
             return None
         return self.build(reading, first=self.forcing is None)
 

@@ -103,7 +103,6 @@ class TokenMerger:
         self.listeners: List[Callable[[List[str]], None]] = []
         self._partitions: Dict[Tuple, Partition] = {}
         self._kv_indices: Dict[Tuple, torch.Tensor] = {}
-        self._layouts: Dict[Tuple, List[Tuple[Tuple[int, int], int, bool]]] = {}
         self._reduced: Dict[Tuple, Tuple] = {}  # (latent, batch, dtype, device) -> reduced_levels
         self._step: List[Any] = [None, 0]  # the last step tensor and its step_choice (draw_table)
         self._warned_grid = False
@@ -227,8 +226,8 @@ class TokenMerger:
                        dtype: Optional[torch.dtype] = None,
                        run_level: Optional[RunLevel] = None) -> Tuple[Tuple[Tuple[int, int], int], ...]:
         """(grid, downsample) of each level a model call of this latent reduces, in depth order: the levels ToMe may
-        act on that the speed check lets through (``call_layout``: decided once per latent size, batch, dtype and
-        device). Empty: the call reduces nothing, and the host runs it as if unpatched."""
+        act on that the speed check lets through (``call_layout``), decided once per latent size, batch, dtype and
+        device (one look-up after that). Empty: the call reduces nothing, and the host runs it as if unpatched."""
         key = (latent_hw, batch, dtype, device)
         found = self._reduced.get(key)
         if found is None:
@@ -269,11 +268,7 @@ class TokenMerger:
                     dtype: Optional[torch.dtype] = None,
                     run_level: Optional[RunLevel] = None) -> List[Tuple[Tuple[int, int], int, bool]]:
         """(grid, downsample, whether reducing it pays) of every level grid ToMe may act on for this latent, in
-        depth order; worked out (and the speed check run) once per latent size, batch, dtype and device."""
-        key = (tuple(latent_hw), batch, dtype, str(device))
-        layout = self._layouts.get(key)
-        if layout is not None:
-            return layout
+        depth order (the speed check's verdicts are cached per shape; ``reduced_levels`` keeps the result)."""
         config, (height, width) = self.config, latent_hw
         layout, seen = [], set()
         downsample = 1 if config.enabled and not (config.mode == "kv" and self._kv_window == (1, 1)) else 1 << 30
@@ -285,9 +280,6 @@ class TokenMerger:
                     layout.append((grid, downsample, dtype is None or
                                    self.pays(latent_hw, grid, batch, dtype, device, run_level)))
             downsample *= 2
-        if len(self._layouts) >= _MAX_CACHED_PARTITIONS:
-            self._layouts.clear()
-        self._layouts[key] = layout
         return layout
 
     def plan_with(self, hidden: torch.Tensor, grid: Tuple[int, int], table: Any) -> TokenPlan:

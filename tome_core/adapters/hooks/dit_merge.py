@@ -47,7 +47,6 @@ class DiTMergeState(DiTCallState):
         dispatch = sys.modules.get("diffusers.models.attention_dispatch")
         self.backends = getattr(dispatch, "_AttentionBackendRegistry", None)
         self.active_backend = getattr(self.backends, "_active_backend", None)
-        self.notes: List[str] = []  # what describe() adds to the config ("... ignores masks: plain")
         self.last_read: Tuple[Any, Optional[TokenLayout]] = (None, None)  # a call's reading and its image stream
 
     def clear(self) -> None:

@@ -279,12 +279,12 @@ def _record_step(state: PatchState) -> Callable:
             state.step_key = 0.0 if timestep is None else timestep
         levels: Tuple = ()  # (grid, downsample) of each level this call reduces
         if state.active:
+            device, batch, dtype = sample.device, int(sample.shape[0]), compute_dtype(module, sample, state.weight)
             levels = state.forcing
             if levels is None:
                 state.call = (module, args, kwargs)  # what the speed check repeats (run_level)
                 try:  # inline, no helper calls: on a fast GPU each Python call here is paid in every step
-                    levels = merger.reduced_levels(latent_hw, sample.device, int(sample.shape[0]),
-                                                   compute_dtype(module, sample, state.weight),
+                    levels = merger.reduced_levels(latent_hw, device, batch, dtype,
                                                    None if getattr(module.__dict__.get(_HOOK_REGISTRY), "hooks", None)
                                                    else state.run_level)  # a step cache on the UNet: not repeated
                 finally:
@@ -296,9 +296,8 @@ def _record_step(state: PatchState) -> Callable:
                 state.attach(frozenset())
             return None
         refuse_new_caches(state)  # a cache hook added after apply_patch, before any block of this call
-        device, batch = sample.device, int(sample.shape[0])
-        tables = merger.step_tables(latent_hw, state.step_key, device, batch, compute_dtype(module, sample, state.weight),
-                                    levels=levels, reuse=state.forcing is None)
+        tables = merger.step_tables(latent_hw, state.step_key, device, batch, dtype, levels=levels,
+                                    reuse=state.forcing is None)
         state.tables = tables
         grids = {grid[0] * grid[1]: grid for grid in tables}
         if grids != state.grids:

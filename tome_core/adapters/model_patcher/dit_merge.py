@@ -54,7 +54,6 @@ class DiTMergePatch(DiTCallPatch):
         self.attention = owner.attention_for(config)  # how merged keys are weighed
         # (another node's attention override or None, device) -> whether the attention there takes the mask, probed once
         self.takes_mask: Dict[Tuple[Any, torch.device], bool] = {}
-        self.notes: List[str] = []  # what describe() and the node add to the config ("... ignores masks: plain")
         self.listeners: List[Callable[[List[str]], None]] = []  # called with the notes when one is added (the node)
         self.last_call: Optional[MergeCall] = None  # the latest reduced model call (for tests and diagnostics)
 
@@ -350,8 +349,8 @@ def attach(clone: Any, state: DiTMergePatch, wrapper_key: str, apply_model: str)
             continue
         key = state.family.merge.key(kind)
         previous = replaced.get((key, index))
-        previous = getattr(previous, "tome_previous", previous) if getattr(previous, "tome_patch", False) else previous
+        previous = previous.tome_previous if getattr(previous, "tome_owner", None) is not None else previous
         patch = state.block_patch(kind, previous)
-        patch.tome_patch, patch.tome_previous, patch.tome_owner = True, previous, state
+        patch.tome_previous, patch.tome_owner = previous, state  # another node's patch it chains; whose it is
         clone.set_model_patch_replace(patch, "dit", key, index)
     return clone

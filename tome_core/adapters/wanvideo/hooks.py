@@ -73,7 +73,7 @@ def hook_blocks(model: torch.nn.Module) -> None:
 
 def _before_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     patch = patch_in(kwargs)
-    if patch is None or patch.busy:
+    if patch is None:
         return None
     hook_blocks(model)
     patch.begin(model, args, kwargs)
@@ -82,7 +82,7 @@ def _before_model_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> Non
 
 def _after_model_call(model: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
     patch = patch_in(kwargs)
-    if patch is not None and not patch.busy:
+    if patch is not None:
         patch.end(model)
     return None
 

@@ -35,7 +35,6 @@ class WanVideoPatch(CallPlanner):
         super().__init__(config)
         self.binding, self.blocks_on, self.block_count = binding, blocks_on, block_count
         self.current: Optional[PlannedCall] = None
-        self.busy = False  # kept False: a speed-check repeat runs through the model hooks (``forcing``)
         self.reach_checked = False
         self.listeners: list = []  # called with the verdict lines when the speed check decides a call shape
 
