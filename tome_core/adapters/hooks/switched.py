@@ -5,9 +5,18 @@ call path, so a hook that only returns is still paid in every block of every ste
 block hooks here and registers them when a call reduces something (``attach``), removing them again when a call
 reduces nothing (a level or a call shape the speed check left whole, a step outside the schedule). In a steady
 sampling run every call does the same, so they are registered once.
+
+Under torch.compile, dynamo does not guard the hooks of a module it inlines (``skip_nnmodule_hook_guards``): a graph
+traced with ToMe's block hooks would run on after they were removed, and one traced without them would ignore them.
+It does guard a module's instance ``forward``, by identity. So while its hooks are registered, each hooked module
+holds a ``forward`` of ToMe's that calls the one it had (``_Marked``; one Python call per hooked module, only in calls
+ToMe reduces): a compiled model retraces when ToMe's hooks come or go or another patch replaces them, and keeps the
+graph of each state it has seen (switching back costs nothing).
 """
 from __future__ import annotations
 
+import itertools
+import types
 from typing import Any, Callable, Dict, List, Protocol, Tuple
 
 import torch
@@ -37,9 +46,12 @@ class SwitchedHooks:
         self.hooks: List[Tuple[torch.nn.Module, Callable, str, frozenset]] = []
         self.handles: List[Removable] = []
         self.attached = False
+        self.marks: Dict[int, _Marked] = {}  # id(module) -> its marked forward while attached
+        self.serial = next(_SERIALS)
 
     def add(self, module: torch.nn.Module, hook: Callable, kind: str) -> None:
         self.hooks.append((module, hook, kind, frozenset(_hook_dict(module, kind))))
+        self.marks.setdefault(id(module), _Marked(module, self.serial))
 
     def switch(self, on: bool) -> None:
         """Registered iff ``on``; nothing is done where that is already so (the steady state)."""
@@ -62,13 +74,67 @@ class SwitchedHooks:
             for key in keys[last + 1:]:
                 if key != handle.id:
                     hooks.move_to_end(key)
+        for mark in self.marks.values():
+            mark.put()
         self.attached = True
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        for mark in self.marks.values():
+            mark.take()
         self.attached = False
+
+
+_NONE = object()
+_SERIALS = itertools.count(1)  # one per SwitchedHooks, never reused (object ids are, once an object is freed)
+
+
+def _marked_forward(serial: int, call: Callable) -> Callable:
+    """A ``forward`` that calls ``call``; it reads ``serial``, so dynamo guards the serial's value (never an id)."""
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if serial:
+            return call(*args, **kwargs)
+        return None
+
+    return forward
+
+
+class _Marked:
+    """One module's marked ``forward`` while a patch's hooks are on it: made once per patch and module, rebuilt only
+    where the module's own ``forward`` changed, and taken away only while it is still the module's (a wrapper another
+    library set over it since keeps calling it, which changes nothing).
+
+    Dynamo guards an instance ``forward`` by its code and closure: the serial tells this patch's graphs from those of
+    a patch applied before (two patches' hook functions share their code), and a graph traced without ToMe's hooks
+    (no instance ``forward``) from one traced with them.
+    """
+
+    def __init__(self, module: torch.nn.Module, serial: int) -> None:
+        self.module, self.serial = module, serial
+        self.under: Any = _NONE  # the module's own instance forward when the mark was made
+        self.mark: Any = None
+
+    def put(self) -> None:
+        module = self.module
+        own = module.__dict__.get("forward", _NONE)
+        if own is self.mark and own is not None:
+            return
+        if self.mark is None or own is not self.under:
+            self.under = own
+            call = types.MethodType(type(module).forward, module) if own is _NONE else own
+            self.mark = _marked_forward(self.serial, call)
+        module.forward = self.mark
+
+    def take(self) -> None:
+        module = self.module
+        if self.mark is None or module.__dict__.get("forward") is not self.mark:
+            return
+        if self.under is _NONE:
+            del module.forward
+        else:
+            module.forward = self.under
 
 
 def enter_for(modes: Dict[int, Any], module: torch.nn.Module, mode: Any) -> None:

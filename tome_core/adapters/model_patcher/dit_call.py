@@ -20,6 +20,7 @@ from ...catalogue.comfy_lookup import ComfyModel
 from ...engine.call_plan import CallPlanner, CallReading
 from ...engine.grid import TokenLayout
 from ...engine.schedule import SigmaWindow, sigma_value, step_signal
+from .compiled import CompileKey, compiled_call
 from .layout import refuse_unplaceable, token_layout
 from .reach import unreached_error
 
@@ -36,6 +37,14 @@ class DiTCallPatch(CallPlanner):
     reach_checked = False  # whether a model call has shown that it reaches the mode's patches
     window = SigmaWindow()  # the schedule's sigma window (the patch's, from start_percent/end_percent)
     known: Optional[ComfyModel] = None  # the patched model as the catalogue read it once (comfy_lookup.comfy_model)
+
+    @property
+    def compile_key(self) -> CompileKey:
+        """The keyword that keys a compiled model's graphs to this patch (compiled.py), made at its first use."""
+        key = self.__dict__.get("_compile_key")
+        if key is None:
+            key = self.__dict__["_compile_key"] = CompileKey()
+        return key
 
     def reducible(self, layout: TokenLayout) -> bool:
         """Whether the mode reduces a call of this layout (enough tokens; kv: a window larger than one token)."""
@@ -101,8 +110,11 @@ class DiTCallPatch(CallPlanner):
             finally:
                 if restore is not None:
                     restore()
-        if plan is None:  # the first call, outside the schedule: only check that the patches are reached
+        probe = plan is None
+        if probe:  # the first call, outside the schedule: only check that the patches are reached
             plan = self._probe()
+        if compiled_call(options):  # a graph of its own for each plan (compiled.py)
+            kwargs = self.compile_key.added(kwargs, base.diffusion_model, "probe" if probe else reading.what)
         remove = self._install(options, plan)
         try:
             out = executor(x, t, c_concat, c_crossattn, control, options, **kwargs)

@@ -31,6 +31,7 @@ from ...catalogue.comfy_lookup import supported_names
 from ...catalogue.unets import attention_base_downsample, attention_levels
 from ...engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 from ...engine.schedule import SigmaWindow, sigma_value
+from .compiled import CompileKey, compiled_call
 
 log = logging.getLogger("tome_core")
 
@@ -265,6 +266,7 @@ class UNetPatchState:
         self.needs_step = self.merger.needs_step()  # the config is frozen
         self.checked_attn1: Tuple[Callable, ...] = ()  # the attn1 patches last checked for a partner after ToMe
         self.forcing: Optional[Tuple] = None  # in a speed-check repeat: the ((grid, downsample),) it reduces, or ()
+        self.compile_key = CompileKey()  # the keyword that keys a compiled model's graphs to this patch (compiled.py)
 
     def prepare_call(self, model: Any, x: torch.Tensor, t: Any, options: dict,
                      rerun: Optional[Callable[[], Any]] = None) -> Optional[dict]:
@@ -406,8 +408,11 @@ def _apply_model_wrapper(state: UNetPatchState) -> Callable:
         args = (c_concat, c_crossattn, control, transformer_options)
         if not isinstance(options, dict) or x.dim() != 4:
             return executor(x, t, *args, **kwargs)
-        patches = state.prepare_call(getattr(executor, "class_obj", None), x, t, options,
-                                     lambda: apply_model_wrapper(executor, x, t, *args, **kwargs))
+        model = getattr(executor, "class_obj", None)
+        patches = state.prepare_call(model, x, t, options, lambda: apply_model_wrapper(executor, x, t, *args, **kwargs))
+        prepared = options.get(state.tables_key)
+        if prepared is not _OFF and prepared is not None and compiled_call(options):  # its own graph (compiled.py)
+            kwargs = state.compile_key.added(kwargs, model.diffusion_model, (tuple(x.shape), tuple(prepared[1])))
         try:
             return executor(x, t, *args, **kwargs)
         finally:  # inline, not a method: one Python call fewer per model call

@@ -1,0 +1,208 @@
+"""ToMe under the 2026 TorchCompileModel, which drops every dynamo guard on ``transformer_options``.
+
+ComfyUI 2026-08 (783545f6, ``comfy_extras/nodes_torch_compile.py: TorchCompileModel.execute``) calls
+``set_torch_compile_wrapper(model=m, backend=backend, options={"guard_filter_fn": skip_torch_compile_dict})``, where
+``skip_torch_compile_dict`` drops each guard whose name holds "transformer_options". ComfyUI 0.3.75 (CI) has the
+helper but not the filter: ``compile_like_2026`` makes the 2026 node's call there (its filter mirrored by
+``skip_transformer_options``), and uses the node's own ``skip_torch_compile_dict`` where the ComfyUI has it. One
+process, one dynamo cache, in the orders a user meets: a graph compiled for one state must never run for another.
+
+Each sample of a compiled clone is compared with the same clone's eager sample (``EXACT``: dynamo's "eager" backend
+runs the traced graph on the same kernels; the guards, which this file is about, are dynamo's whatever the backend)
+and, where ToMe reduces, with the unpatched model's (it must differ: ToMe was compiled in). The real node with
+inductor runs in ``test_the_real_node_with_inductor`` (about a minute on two cores). The models: the tiny SD1.5 UNet
+(cfg 5: cond and uncond in one call), Flux and Wan of ComfyUI's own classes (test_comfy_dit).
+"""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import comfy_env
+
+EXACT = 1e-5  # relative L2; dynamo's eager backend: measured 0
+STEPS = 3
+
+
+def skip_transformer_options(guard_entries):
+    """comfy_extras/nodes_torch_compile.py (2026-08): ``skip_torch_compile_dict``."""
+    return [("transformer_options" not in entry.name) for entry in guard_entries]
+
+
+@pytest.fixture(scope="module")
+def comfy():
+    comfy_dir = comfy_env.require_comfyui("TOME_REQUIRE_COMFY", "use .venv-comfy-next/bin/python")
+    comfy_env.import_comfy(comfy_dir)
+    try:
+        importlib.import_module("comfy_api.torch_helpers")
+    except ImportError:
+        pytest.skip(f"this ComfyUI ({comfy_dir}) has no comfy_api.torch_helpers.set_torch_compile_wrapper "
+                    "(TorchCompileModel's helper, ComfyUI 0.3.x)")
+    import comfy.model_patcher
+    import comfy.sample
+    import comfy.supported_models
+    return comfy
+
+
+@pytest.fixture(scope="module")
+def tome_nodes(comfy):
+    name = comfy_env.import_repo_package("tome_custom_node_compile_guards_test").__name__
+    return importlib.import_module(f"{name}.nodes.tome_nodes")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def guard_filter():
+    """The 2026 node's filter where this ComfyUI has it, else its mirror."""
+    module = importlib.import_module("comfy_extras.nodes_torch_compile")
+    return getattr(module, "skip_torch_compile_dict", skip_transformer_options)
+
+
+def compile_like_2026(patcher, backend: str = "eager"):
+    """TorchCompileModel.execute of the 2026 ComfyUI: a clone, compiled through the helper with the guard filter."""
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+
+    clone = patcher.clone()
+    set_torch_compile_wrapper(model=clone, backend=backend, options={"guard_filter_fn": guard_filter()})
+    return clone
+
+
+def with_sdpa(patcher):
+    import comfy.ldm.modules.attention as attention
+
+    def sdpa(func, *args, **kwargs):
+        return attention.attention_pytorch(*args, **kwargs)
+
+    patcher.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = sdpa
+    return patcher
+
+
+def sd15(comfy):
+    model = comfy.supported_models.SD15(comfy_env.tiny_sd15_unet_config()).get_model({})
+    comfy_env._seeded_init(model.diffusion_model, 0)
+    cpu = torch.device("cpu")
+    patcher = with_sdpa(comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu))
+    return patcher, lambda p: comfy_env.sample_tiny_sd15(comfy, p, STEPS)
+
+
+def dit(comfy, family: str):
+    import test_comfy_dit
+
+    patcher, latent, cond, _ = getattr(test_comfy_dit, family)(comfy)
+    return with_sdpa(patcher), lambda p: test_comfy_dit.sample(comfy, p, latent, cond, steps=STEPS)
+
+
+MODELS = {"sd15": sd15, "flux": lambda comfy: dit(comfy, "flux"), "wan": lambda comfy: dit(comfy, "wan")}
+
+
+def tome(tome_nodes, patcher, mode: str = "merge", ratio: float = 0.5, start: float = 0.0):
+    values = dict(ratio=ratio, max_downsample=1, sx=2, sy=2, use_rand=True, tome_seed=0, mode=mode,
+                  merge_crossattn=False, start_percent=start, end_percent=1.0, min_tokens=0)
+    return tome_nodes.ToMeAdvanced().patch(patcher, **values)["result"][0]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def check_states(states, sample, base):
+    """Each (label, clone) compiled like the 2026 node and sampled in this order in one process: equal to its eager
+    sample, and (ToMe's) apart from the unpatched model's."""
+    plain = sample(base)
+    for label, clone in states:
+        eager = sample(clone)
+        compiled = sample(compile_like_2026(clone))
+        assert rel(compiled, eager) < EXACT, f"{label}: compiled differs from eager by {rel(compiled, eager):.3g}"
+        if clone is not base:
+            assert rel(eager, plain) > 1e-4, f"{label}: ToMe changed nothing"
+
+
+@pytest.mark.parametrize("family", ["sd15", "flux", "wan"])
+def test_tome_first_then_bypassed_then_another_ratio(comfy, tome_nodes, family):
+    """The issue's KeyError (UNet) and wrong-ratio rows: ToMe compiled first, then the node bypassed, then another
+    ratio."""
+    base, sample = MODELS[family](comfy)
+    check_states([("ToMe 0.5", tome(tome_nodes, base)), ("bypassed", base),
+                  ("ToMe 0.25", tome(tome_nodes, base, ratio=0.25))], sample, base)
+
+
+@pytest.mark.parametrize("family", ["sd15", "flux", "wan"])
+def test_vanilla_first_then_tome_in_each_mode(comfy, tome_nodes, family):
+    """The issue's silent row (UNet: the vanilla graph ran for ToMe) and its "reached no block" row (Flux, Wan)."""
+    base, sample = MODELS[family](comfy)
+    check_states([("vanilla", base), ("merge", tome(tome_nodes, base, "merge")),
+                  ("kv", tome(tome_nodes, base, "kv"))], sample, base)
+
+
+@pytest.mark.parametrize("family", ["sd15", "flux"])
+def test_a_step_window_compiled_first(comfy, tome_nodes, family):
+    """start_percent 0.5: the first steps are whole (ToMe's patches out of the call), the rest reduced, in one loop;
+    the issue's silent (UNet) and KeyError 'tome_merge_call' (Flux) row. Then the same model without the window."""
+    base, sample = MODELS[family](comfy)
+    check_states([("window", tome(tome_nodes, base, start=0.5)), ("no window", tome(tome_nodes, base))], sample, base)
+
+
+def test_compile_node_before_tome(comfy, tome_nodes):
+    """TorchCompileModel applied before ToMe (ToMe's wrapper added after the compile wrapper), after a vanilla run."""
+    base, sample = sd15(comfy)
+    compiled_first = compile_like_2026(base)
+    plain = sample(compiled_first)
+    assert rel(plain, sample(base)) < EXACT
+    patched = tome(tome_nodes, compiled_first)
+    result, eager = sample(patched), sample(tome(tome_nodes, base))
+    assert rel(result, eager) < EXACT
+    assert rel(result, plain) > 1e-4
+
+
+def test_a_new_batch_after_compiling(comfy, tome_nodes):
+    """A batch of two latents after a batch of one: the compiled ToMe model retraces for it, equal to eager."""
+    import test_comfy_dit
+
+    patcher, latent, cond, _ = test_comfy_dit.flux(comfy)
+    patched = tome(tome_nodes, with_sdpa(patcher))
+    compiled = compile_like_2026(patched)
+    for batch in (1, 2):
+        big = latent.repeat(batch, 1, 1, 1)
+        assert rel(test_comfy_dit.sample(comfy, compiled, big, cond, steps=2),
+                   test_comfy_dit.sample(comfy, patched, big, cond, steps=2)) < EXACT
+
+
+def test_a_model_that_takes_no_extra_keywords_is_refused_by_name(comfy, tome_nodes):
+    """HiDream I1's forward takes no **kwargs, so ToMe cannot key its compiled graphs: sampling stops at the first
+    model call, naming TorchCompileModel, the model class and what works; eager ToMe on it is untouched."""
+    import test_comfy_families
+
+    patcher, latent, cond, _, _ = test_comfy_families.hidream(comfy)
+    import test_comfy_dit
+
+    patched = tome(tome_nodes, with_sdpa(patcher), "kv")
+    test_comfy_dit.sample(comfy, patched, latent, cond)  # eager: runs
+    with pytest.raises(RuntimeError, match=r"TorchCompileModel compiles this .*HiDreamImageTransformer2DModel.*"
+                                           r"Use ToMe without TorchCompileModel"):
+        test_comfy_dit.sample(comfy, compile_like_2026(patched), latent, cond)
+
+
+def test_the_real_node_with_inductor(comfy, tome_nodes):
+    """The node itself where it applies the filter (the 2026 ComfyUI), else its call on this one; inductor, as users
+    compile: a vanilla graph first, then ToMe (the case that ran vanilla), then the node bypassed again."""
+    module = importlib.import_module("comfy_extras.nodes_torch_compile")
+    if hasattr(module, "skip_torch_compile_dict"):
+        def node(patcher):
+            return module.TorchCompileModel.execute(model=patcher, backend="inductor").result[0]
+    else:
+        def node(patcher):
+            return compile_like_2026(patcher, "inductor")
+    base, sample = sd15(comfy)
+    patched = tome(tome_nodes, base)
+    plain, eager = sample(base), sample(patched)
+    assert rel(sample(node(base)), plain) < 1e-3
+    result = sample(node(patched))
+    assert rel(result, eager) < 1e-3 and rel(result, plain) > 1e-2
+    assert rel(sample(node(base)), plain) < 1e-3
