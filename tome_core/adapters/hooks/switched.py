@@ -15,6 +15,7 @@ graph of each state it has seen (switching back costs nothing).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import types
 from typing import Any, Callable, Dict, List, Protocol, Tuple
@@ -91,14 +92,25 @@ _NONE = object()
 _SERIALS = itertools.count(1)  # one per SwitchedHooks, never reused (object ids are, once an object is freed)
 
 
-def _marked_forward(serial: int, call: Callable) -> Callable:
-    """A ``forward`` that calls ``call``; it reads ``serial``, so dynamo guards the serial's value (never an id)."""
-    def forward(*args: Any, **kwargs: Any) -> Any:
+def _marked_forward(serial: int, module: torch.nn.Module, under: Any) -> Callable:
+    """A ``forward`` that calls the module's own: ``under`` (an instance forward it had), else its class's, looked up
+    at each call (the WebUI swaps ``CrossAttention.forward`` on the class when its attention optimisation changes). It
+    reads ``serial``, so dynamo guards the serial's value (never an id), and shows the wrapped forward's name and
+    signature (``inspect.signature`` follows ``__wrapped__``) to code that reads them."""
+    if under is _NONE:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if serial:
+                return type(module).forward(module, *args, **kwargs)
+            return None
+
+        return functools.update_wrapper(forward, types.MethodType(type(module).forward, module))
+
+    def forward_under(*args: Any, **kwargs: Any) -> Any:
         if serial:
-            return call(*args, **kwargs)
+            return under(*args, **kwargs)
         return None
 
-    return forward
+    return functools.update_wrapper(forward_under, under)
 
 
 class _Marked:
@@ -123,8 +135,7 @@ class _Marked:
             return
         if self.mark is None or own is not self.under:
             self.under = own
-            call = types.MethodType(type(module).forward, module) if own is _NONE else own
-            self.mark = _marked_forward(self.serial, call)
+            self.mark = _marked_forward(self.serial, module, own)
         module.forward = self.mark
 
     def take(self) -> None:
