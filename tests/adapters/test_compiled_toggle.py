@@ -79,6 +79,7 @@ def test_patch_compile_remove_reapply_and_reconfigure(family):
     case.check("kv 0.5", case.run(model), ratio=0.5, mode="kv")
     remove_patch(model)
     case.check("removed again", case.run(model))
+    assert not [name for name, module in model.named_modules() if "forward" in module.__dict__]  # no mark left
 
 
 @pytest.mark.parametrize("family", ["flux", "wan"])

@@ -21,6 +21,9 @@ import pytest
 import torch
 
 import comfy_env
+# the fixtures (a ComfyUI with TorchCompileModel's helper and the attention override; our nodes; dynamo reset around
+# each test) and helpers of the file that runs the node without the filter
+from test_comfy_compile import comfy, fresh_dynamo, rel, sd15 as sd15_patcher, tome_nodes, with_sdpa  # noqa: F401
 
 EXACT = 1e-5  # relative L2; dynamo's eager backend: measured 0
 STEPS = 2  # a compiled first step, then one that runs what it compiled
@@ -29,34 +32,6 @@ STEPS = 2  # a compiled first step, then one that runs what it compiled
 def skip_transformer_options(guard_entries):
     """comfy_extras/nodes_torch_compile.py (2026-08): ``skip_torch_compile_dict``."""
     return [("transformer_options" not in entry.name) for entry in guard_entries]
-
-
-@pytest.fixture(scope="module")
-def comfy():
-    comfy_dir = comfy_env.require_comfyui("TOME_REQUIRE_COMFY", "use .venv-comfy-next/bin/python")
-    comfy_env.import_comfy(comfy_dir)
-    try:
-        importlib.import_module("comfy_api.torch_helpers")
-    except ImportError:
-        pytest.skip(f"this ComfyUI ({comfy_dir}) has no comfy_api.torch_helpers.set_torch_compile_wrapper "
-                    "(TorchCompileModel's helper, ComfyUI 0.3.x)")
-    import comfy.model_patcher
-    import comfy.sample
-    import comfy.supported_models
-    return comfy
-
-
-@pytest.fixture(scope="module")
-def tome_nodes(comfy):
-    name = comfy_env.import_repo_package("tome_custom_node_compile_guards_test").__name__
-    return importlib.import_module(f"{name}.nodes.tome_nodes")
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def guard_filter():
@@ -74,29 +49,15 @@ def compile_like_2026(patcher, backend: str = "eager"):
     return clone
 
 
-def with_sdpa(patcher):
-    import comfy.ldm.modules.attention as attention
-
-    def sdpa(func, *args, **kwargs):
-        return attention.attention_pytorch(*args, **kwargs)
-
-    patcher.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = sdpa
-    return patcher
-
-
 def sd15(comfy, steps: int = STEPS):
-    model = comfy.supported_models.SD15(comfy_env.tiny_sd15_unet_config()).get_model({})
-    comfy_env._seeded_init(model.diffusion_model, 0)
-    cpu = torch.device("cpu")
-    patcher = with_sdpa(comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu))
-    return patcher, lambda p: comfy_env.sample_tiny_sd15(comfy, p, steps)
+    return sd15_patcher(comfy), lambda p: comfy_env.sample_tiny_sd15(comfy, p, steps)
 
 
 def dit(comfy, family: str, steps: int = STEPS):
     import test_comfy_dit
 
     patcher, latent, cond, _ = getattr(test_comfy_dit, family)(comfy)
-    return with_sdpa(patcher), lambda p: test_comfy_dit.sample(comfy, p, latent, cond, steps=steps)
+    return with_sdpa(comfy, patcher), lambda p: test_comfy_dit.sample(comfy, p, latent, cond, steps=steps)
 
 
 MODELS = {"sd15": sd15, "flux": lambda comfy, **steps: dit(comfy, "flux", **steps),
@@ -107,10 +68,6 @@ def tome(tome_nodes, patcher, mode: str = "merge", ratio: float = 0.5, start: fl
     values = dict(ratio=ratio, max_downsample=1, sx=2, sy=2, use_rand=True, tome_seed=0, mode=mode,
                   merge_crossattn=False, start_percent=start, end_percent=1.0, min_tokens=0)
     return tome_nodes.ToMeAdvanced().patch(patcher, **values)["result"][0]
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 def check_states(states, sample, base):
@@ -167,7 +124,7 @@ def test_a_new_batch_after_compiling(comfy, tome_nodes):
     import test_comfy_dit
 
     patcher, latent, cond, _ = test_comfy_dit.flux(comfy)
-    patched = tome(tome_nodes, with_sdpa(patcher))
+    patched = tome(tome_nodes, with_sdpa(comfy, patcher))
     compiled = compile_like_2026(patched)
     for batch in (1, 2):
         big = latent.repeat(batch, 1, 1, 1)
@@ -183,7 +140,7 @@ def test_a_model_that_takes_no_extra_keywords_is_refused_by_name(comfy, tome_nod
     patcher, latent, cond, _, _ = test_comfy_families.hidream(comfy)
     import test_comfy_dit
 
-    patched = tome(tome_nodes, with_sdpa(patcher), "kv")
+    patched = tome(tome_nodes, with_sdpa(comfy, patcher), "kv")
     test_comfy_dit.sample(comfy, patched, latent, cond)  # eager: runs
     with pytest.raises(RuntimeError, match=r"TorchCompileModel compiles this .*HiDreamImageTransformer2DModel.*"
                                            r"Use ToMe without TorchCompileModel"):
