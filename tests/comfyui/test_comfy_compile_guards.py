@@ -164,3 +164,36 @@ def test_the_real_node_with_inductor(comfy, tome_nodes):
     result = sample(node(patched))
     assert rel(result, eager) < 1e-3 and rel(result, plain) > 1e-2
     assert rel(sample(node(base)), plain) < 1e-3
+
+
+def test_every_family_takes_the_keyword(comfy, monkeypatch):
+    """Each family's model calls as a compiled call runs them (ToMe's keyword passed, eager): the same sample as
+    without it, in every mode the family has, so no family's forward chokes on the keyword; HiDream I1 is refused."""
+    import test_comfy_dit
+    import test_comfy_families
+
+    from tome_core.adapters.model_patcher import dit_call
+    from tome_core.adapters.model_patcher.dit import patch_dit_model_patcher, resolve_dit
+    from tome_core.engine.config import ToMeConfig
+
+    builders = dict(test_comfy_families.FAMILIES, flux=test_comfy_dit.flux, wan=test_comfy_dit.wan,
+                    sd3=test_comfy_dit.sd3)
+    ran = []
+    for name, build in builders.items():
+        try:
+            patcher, latent, cond = build(comfy)[:3]
+        except pytest.skip.Exception:  # a class this ComfyUI lacks
+            continue
+        ran.append(name)
+        for mode in ("kv", "merge") if resolve_dit(patcher).merges else ("kv",):
+            patched = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode=mode))
+            expected = test_comfy_dit.sample(comfy, patched, latent, cond)
+            with monkeypatch.context() as forced:
+                forced.setattr(dit_call, "compiled_call", lambda options: True)
+                if name == "hidream":
+                    with pytest.raises(RuntimeError, match="HiDreamImageTransformer2DModel, whose forward takes no"):
+                        test_comfy_dit.sample(comfy, patched, latent, cond)
+                    continue
+                assert torch.equal(test_comfy_dit.sample(comfy, patched, latent, cond), expected), (name, mode)
+    assert {"flux", "wan", "sd3", "qwen_image", "hidream"} <= set(ran), ran
+    print(f"families run: {ran}")
