@@ -145,9 +145,10 @@ def test_unet_compiled_then_patched_and_removed():
 
 
 def test_the_marked_forward_keeps_the_module_its_own():
-    """While ToMe's hooks are on, the module's instance forward is ToMe's mark; it calls the module's own forward as
-    it is at each call (the WebUI swaps CrossAttention.forward on the class), shows its signature, restores an instance
-    forward another library set before, and leaves one set over it since in place."""
+    """While ToMe's hooks are on, the module's instance forward is ToMe's mark; it calls the module's own forward (its
+    class's as it is when the hooks go on: the WebUI swaps CrossAttention.forward on the class between generations),
+    shows its signature, restores an instance forward another library set before, and leaves one set over it since in
+    place."""
     import functools
     import inspect
 
@@ -162,7 +163,10 @@ def test_the_marked_forward_keeps_the_module_its_own():
     hooks.add(block, lambda module, args: None, "pre-plain")
     hooks.attach()
     assert "forward" in block.__dict__ and list(inspect.signature(block.forward).parameters) == ["x", "scale"]
+    assert block(one).item() == 1.0
+    hooks.remove()
     Block.forward = lambda self, x, scale=1.0: x + 2 * scale
+    hooks.attach()
     assert block(one).item() == 2.0
     hooks.remove()
     assert "forward" not in block.__dict__ and block(one).item() == 2.0
@@ -179,3 +183,33 @@ def test_the_marked_forward_keeps_the_module_its_own():
     block.forward = lambda x: mark(x) * 3  # a wrapper set over the mark since
     hooks.remove()
     assert block(one).item() == 30.0  # left in place: it still calls the module's own through the mark
+
+
+def test_regional_compile_as_diffusers_recommends():
+    """diffusers' regional recipe, ``compile_repeated_blocks``: without fullgraph, ToMe applied after it matches eager;
+    with fullgraph=True ToMe's hooks would break the blocks' graphs and dynamo would stop the call inside a block, so
+    ToMe refuses by name: at apply_patch where the blocks are compiled already (nothing patched), else at the first call
+    it reduces, before any block runs; compiling the blocks again without fullgraph then works."""
+    from tome_core import is_patched
+
+    case = Case("flux")
+    model = case.fresh()
+    model.compile_repeated_blocks(backend="eager")
+    case.run(model)
+    apply_patch(model, ratio=0.5, mode="merge")
+    case.check("regional, merge", case.run(model), ratio=0.5, mode="merge")
+
+    model = case.fresh()
+    model.compile_repeated_blocks(fullgraph=True, backend="eager")
+    with pytest.raises(RuntimeError, match=r"FluxTransformer2DModel\.transformer_blocks\.0 is compiled with "
+                                           r"fullgraph=True .*Compile without fullgraph"):
+        apply_patch(model, ratio=0.5, mode="kv")
+    assert not is_patched(model)
+
+    model = case.fresh()
+    apply_patch(model, ratio=0.5, mode="kv")
+    model.compile_repeated_blocks(fullgraph=True, backend="eager")
+    with pytest.raises(RuntimeError, match="is compiled with fullgraph=True"):
+        case.run(model)
+    model.compile_repeated_blocks(backend="eager")
+    case.check("regional again, kv", case.run(model), ratio=0.5, mode="kv")

@@ -6,6 +6,7 @@ from typing import Optional, TypeVar
 from ...engine.config import ToMeConfig, require_all_blocks
 from ...engine.token_merge import ATTENTION_WORDS
 from . import dit as diffusers_dit
+from .switched import refuse_fullgraph
 from .unet import STATE_ATTR, check_partners, install, uninstall
 from ...catalogue.families import family_of_binding
 from ...catalogue.unets import attention_base_downsample
@@ -84,6 +85,8 @@ def apply_config(model: Model, config: ToMeConfig) -> Model:
     dit = diffusers_dit.find_dit(model)
     if dit is not None:  # a DiT of the catalogue: mode "kv" through per-attention hooks (adapters/hooks/dit.py)
         diffusers_dit.check_config(dit, config)
+        if config.enabled:
+            refuse_fullgraph(dit)
         remove_patch(model)
         diffusers_dit.install(dit, config)
         return model
@@ -98,6 +101,8 @@ def apply_config(model: Model, config: ToMeConfig) -> Model:
     require_all_blocks(config, type(model).__name__)
     for unet in unets:  # another speed-up ToMe cannot run beside: refused before anything changes
         check_partners(unet, config)
+        if config.enabled:
+            refuse_fullgraph(unet)
     remove_patch(model)
     for unet in unets:
         install(unet, config)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import types
-from typing import Any, Callable, Dict, List, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
@@ -43,7 +43,8 @@ class SwitchedHooks:
     any hook appended since; a hook prepended since stays first).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, root: Optional[torch.nn.Module] = None) -> None:
+        self.root = root  # the patched model, checked for a fullgraph compile before the hooks go on
         self.hooks: List[Tuple[torch.nn.Module, Callable, str, frozenset]] = []
         self.handles: List[Removable] = []
         self.attached = False
@@ -60,6 +61,8 @@ class SwitchedHooks:
             self.attach() if on else self.remove()
 
     def attach(self) -> None:
+        if self.root is not None:
+            refuse_fullgraph(self.root)
         for module, hook, kind, earlier in self.hooks:
             if kind in ("pre", "pre-plain"):
                 handle = module.register_forward_pre_hook(hook, with_kwargs=kind == "pre")
@@ -88,44 +91,65 @@ class SwitchedHooks:
         self.attached = False
 
 
+def _fullgraph(compiled: Any) -> bool:
+    """Whether a ``module.compile`` result was compiled with fullgraph=True (read from its compile context, duck typed:
+    the closure object that carries ``fullgraph``)."""
+    for cell in getattr(compiled, "__closure__", None) or ():
+        try:
+            if getattr(cell.cell_contents, "fullgraph", None) is True:
+                return True
+        except ValueError:  # an empty cell
+            continue
+    return False
+
+
+def refuse_fullgraph(model: torch.nn.Module) -> None:
+    """Refuse a model any of whose modules ``module.compile(fullgraph=True)`` compiled (diffusers'
+    ``compile_repeated_blocks(fullgraph=True)``): ToMe's hooks break that graph and dynamo would stop the call inside
+    a block. Run before ToMe's hooks go on, so the call stops before any block runs."""
+    for name, module in model.named_modules():
+        compiled = module.__dict__.get("_compiled_call_impl")
+        if compiled is not None and _fullgraph(compiled):
+            where = f"{type(model).__name__}.{name}" if name else type(model).__name__
+            raise RuntimeError(
+                f"ToMe: {where} is compiled with fullgraph=True (module.compile, or diffusers' "
+                "compile_repeated_blocks(fullgraph=True)): ToMe's hooks break that graph and torch.compile would stop "
+                "the call. Compile without fullgraph (fullgraph=False: ToMe takes effect at the next call, each "
+                "setting with its own graph), or remove ToMe (tome_core.remove_patch).")
+
+
 _NONE = object()
 _SERIALS = itertools.count(1)  # one per SwitchedHooks, never reused (object ids are, once an object is freed)
 
 
-def _marked_forward(serial: int, module: torch.nn.Module, under: Any) -> Callable:
-    """A ``forward`` that calls the module's own: ``under`` (an instance forward it had), else its class's, looked up
-    at each call (the WebUI swaps ``CrossAttention.forward`` on the class when its attention optimisation changes). It
-    reads ``serial``, so dynamo guards the serial's value (never an id), and shows the wrapped forward's name and
-    signature (``inspect.signature`` follows ``__wrapped__``) to code that reads them."""
-    if under is _NONE:
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if serial:
-                return type(module).forward(module, *args, **kwargs)
-            return None
-
-        return functools.update_wrapper(forward, types.MethodType(type(module).forward, module))
-
-    def forward_under(*args: Any, **kwargs: Any) -> Any:
+def _marked_forward(serial: int, call: Callable) -> Callable:
+    """A ``forward`` that calls ``call`` (the module's own); it reads ``serial``, so dynamo guards the serial's value
+    (never an id), and shows ``call``'s name and signature (``inspect.signature`` follows ``__wrapped__``)."""
+    def forward(*args: Any, **kwargs: Any) -> Any:
         if serial:
-            return under(*args, **kwargs)
+            return call(*args, **kwargs)
         return None
 
-    return functools.update_wrapper(forward_under, under)
+    return functools.update_wrapper(forward, call)
 
 
 class _Marked:
-    """One module's marked ``forward`` while a patch's hooks are on it: made once per patch and module, rebuilt only
-    where the module's own ``forward`` changed, and taken away only while it is still the module's (a wrapper another
-    library set over it since keeps calling it, which changes nothing).
+    """One module's marked ``forward`` while a patch's hooks are on it: made once per patch and module, and made again
+    at an attach where the module's own ``forward`` changed since (an instance forward set or removed by another
+    library, or its class's swapped: the WebUI swaps ``CrossAttention.forward`` on the class when its attention
+    optimisation changes, between generations, while the extension patches per generation). Taken away only while it
+    is still the module's (a wrapper another library set over it since keeps calling it, which changes nothing).
 
     Dynamo guards an instance ``forward`` by its code and closure: the serial tells this patch's graphs from those of
     a patch applied before (two patches' hook functions share their code), and a graph traced without ToMe's hooks
-    (no instance ``forward``) from one traced with them.
+    (no instance ``forward``) from one traced with them. The call is a bound method captured here, which dynamo
+    traces into (a class attribute looked up at each call would break its graph).
     """
 
     def __init__(self, module: torch.nn.Module, serial: int) -> None:
         self.module, self.serial = module, serial
         self.under: Any = _NONE  # the module's own instance forward when the mark was made
+        self.function: Any = None  # its class's forward when the mark was made
         self.mark: Any = None
 
     def put(self) -> None:
@@ -133,9 +157,11 @@ class _Marked:
         own = module.__dict__.get("forward", _NONE)
         if own is self.mark and own is not None:
             return
-        if self.mark is None or own is not self.under:
-            self.under = own
-            self.mark = _marked_forward(self.serial, module, own)
+        function = type(module).forward
+        if self.mark is None or own is not self.under or (own is _NONE and function is not self.function):
+            self.under, self.function = own, function
+            call = types.MethodType(function, module) if own is _NONE else own
+            self.mark = _marked_forward(self.serial, call)
         module.forward = self.mark
 
     def take(self) -> None:

@@ -249,7 +249,7 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
     state.guarded = guarded_modules(unet, config)  # apply_patch checked them (check_partners); each call does again
     state.watched = [sub for _, module, _ in state.guarded for sub in module.modules()]
     for downsample, blocks in level_blocks(unet).items():
-        level = state.levels[downsample] = SwitchedHooks()
+        level = state.levels[downsample] = SwitchedHooks(unet)
         for block in blocks:
             _hook_block(block, state, level)
     state.weight = floating_weight(unet)
