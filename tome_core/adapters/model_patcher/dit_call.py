@@ -113,11 +113,12 @@ class DiTCallPatch(CallPlanner):
         probe = plan is None
         if probe:  # the first call, outside the schedule: only check that the patches are reached
             plan = self._probe()
+        call_kwargs = kwargs
         if compiled_call(options):  # a graph of its own for each plan (compiled.py)
-            kwargs = self.compile_key.added(kwargs, base.diffusion_model, "probe" if probe else reading.what)
+            call_kwargs = self.compile_key.added(kwargs, base.diffusion_model, "probe" if probe else reading.what)
         remove = self._install(options, plan)
         try:
-            out = executor(x, t, c_concat, c_crossattn, control, options, **kwargs)
+            out = executor(x, t, c_concat, c_crossattn, control, options, **call_kwargs)
         finally:
             remove()
         if not self.reach_checked:  # the first call only: a step cache may skip later ones whole

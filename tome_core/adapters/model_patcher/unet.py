@@ -410,11 +410,11 @@ def _apply_model_wrapper(state: UNetPatchState) -> Callable:
             return executor(x, t, *args, **kwargs)
         model = getattr(executor, "class_obj", None)
         patches = state.prepare_call(model, x, t, options, lambda: apply_model_wrapper(executor, x, t, *args, **kwargs))
-        prepared = options.get(state.tables_key)
+        prepared, call_kwargs = options.get(state.tables_key), kwargs
         if prepared is not _OFF and prepared is not None and compiled_call(options):  # its own graph (compiled.py)
-            kwargs = state.compile_key.added(kwargs, model.diffusion_model, (tuple(x.shape), tuple(prepared[1])))
+            call_kwargs = state.compile_key.added(kwargs, model.diffusion_model, (tuple(x.shape), tuple(prepared[1])))
         try:
-            return executor(x, t, *args, **kwargs)
+            return executor(x, t, *args, **call_kwargs)
         finally:  # inline, not a method: one Python call fewer per model call
             options.pop(state.tables_key, None)
             if patches is not None:
