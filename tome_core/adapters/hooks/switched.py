@@ -8,10 +8,11 @@ sampling run every call does the same, so they are registered once.
 
 Under torch.compile, dynamo does not guard the hooks of a module it inlines (``skip_nnmodule_hook_guards``): a graph
 traced with ToMe's block hooks would run on after they were removed, and one traced without them would ignore them.
-It does guard a module's instance ``forward``, by identity. So while its hooks are registered, each hooked module
-holds a ``forward`` of ToMe's that calls the one it had (``_Marked``; one Python call per hooked module, only in calls
-ToMe reduces): a compiled model retraces when ToMe's hooks come or go or another patch replaces them, and keeps the
-graph of each state it has seen (switching back costs nothing).
+It does guard a module's instance ``forward`` (whether there is one, its code and what its closure holds). So while
+its hooks are registered, each hooked module holds a ``forward`` of ToMe's that calls the one it had and reads the
+patch's serial (``_Marked``; one Python call per hooked module, only in calls ToMe reduces): a compiled model retraces
+when ToMe's hooks come or go or another patch replaces them, and keeps the graph of each state it has seen (switching
+back costs nothing). A module compiled with ``fullgraph=True`` cannot take the hooks at all (``refuse_fullgraph``).
 """
 from __future__ import annotations
 
