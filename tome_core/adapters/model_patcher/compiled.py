@@ -19,7 +19,9 @@ import inspect
 import itertools
 from typing import Any, Dict, Hashable, Optional
 
-APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
+from ...catalogue.comfy_dits import base_model
+
+APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL, where ToMe's wrappers sit (every adapter)
 COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers.torch_compile.COMPILE_KEY, set_torch_compile_wrapper's key
 _SERIALS = itertools.count(1)  # one per patch, never reused (an object id is, once the object is freed)
 
@@ -30,9 +32,8 @@ def compiled_call(options: Any) -> bool:
     return bool(wrappers) and bool((wrappers.get(APPLY_MODEL) or {}).get(COMPILE_KEY))
 
 
-def takes_extra_keywords(diffusion_model: Any) -> bool:
+def takes_extra_keywords(model: Any) -> bool:
     """Whether the model's ``forward`` takes keywords beyond its own (``**kwargs``)."""
-    model = getattr(diffusion_model, "_orig_mod", diffusion_model)
     try:
         parameters = inspect.signature(type(model).forward).parameters.values()
     except (TypeError, ValueError):
@@ -50,7 +51,7 @@ class CompileKey:
 
     def added(self, kwargs: Dict[str, Any], diffusion_model: Any, plan: Hashable) -> Dict[str, Any]:
         """``kwargs`` with this patch's keyword for ``plan`` (anything hashable that tells the call's plans apart)."""
-        model = getattr(diffusion_model, "_orig_mod", diffusion_model)
+        model = base_model(diffusion_model)
         if model is not self.checked:
             if not takes_extra_keywords(model):
                 cls = type(model)

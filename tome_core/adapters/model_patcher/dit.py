@@ -28,9 +28,9 @@ from ...catalogue.families import ModelFamily
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
 from . import dit_merge
+from .compiled import APPLY_MODEL
 
 WRAPPER_KEY = "tome_dit_kv"
-APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 
 def _diffusion_model(patcher: Any) -> Any:
     model = getattr(patcher, "model", None)

@@ -28,9 +28,9 @@ from ...engine.call_plan import CallReading, MergeCall
 from ...engine.token_merge import TokenMerge, biased_mask, key_bias
 from .dit_call import OVERRIDE, DiTCallPatch
 from .mask_probe import compute_dtype, head_width, mask_dropped
+from .compiled import APPLY_MODEL
 
 CALL_KEY = "tome_merge_call"  # transformer_options key of the running model call's MergeCall
-APPLY_MODEL = "apply_model"  # ComfyUI's WrappersMP.APPLY_MODEL, where the patch's wrapper sits
 WEIGH_KEY = "tome_weighed_keys"  # a merged block's transformer_options: (stream, merge, text, previous override)
 
 

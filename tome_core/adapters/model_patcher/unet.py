@@ -31,7 +31,7 @@ from ...catalogue.comfy_lookup import supported_names
 from ...catalogue.unets import attention_base_downsample, attention_levels
 from ...engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 from ...engine.schedule import SigmaWindow, sigma_value
-from .compiled import CompileKey, compiled_call
+from .compiled import APPLY_MODEL, CompileKey, compiled_call
 
 log = logging.getLogger("tome_core")
 
@@ -204,7 +204,6 @@ def refuse_partner_after(patches: list, own_patch: Callable, config: ToMeConfig)
             "TomePatchModel -> ToMe: it merges the queries, ToMe the keys/values), use mode kv, or one node.")
 
 
-APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
 _OFF = object()  # a call's tables entry when ToMe is off at its step
 
 
