@@ -16,7 +16,8 @@ INFOTEXT_PREFIX = "ToMe"
 SKIPPED_KEY = "ToMe skipped"
 SKIPPED_VALUE = "built-in token merging is on"
 MAX_DOWNSAMPLE_CHOICES = ("1", "2", "4", "8")
-MODE_CHOICES = MODES
+DEFAULT_MODE = "default"  # the loaded model's own: merge on UNets, a transformer family's default (the catalogue's)
+MODE_CHOICES = (DEFAULT_MODE,) + MODES
 KV_DOWNSAMPLE_CHOICES = KV_DOWNSAMPLES
 MATCHING_CHOICES = MATCHINGS
 SPEED_CHECK_CHOICES = SPEED_CHECKS
@@ -99,7 +100,7 @@ class WebUIArgs:
     sy: int = ToMeConfig.sy
     use_rand: bool = ToMeConfig.use_rand
     seed: int = ToMeConfig.seed
-    mode: str = ToMeConfig.mode
+    mode: str = DEFAULT_MODE
     merge_attn: bool = ToMeConfig.merge_attn
     merge_crossattn: bool = ToMeConfig.merge_crossattn
     merge_mlp: bool = ToMeConfig.merge_mlp
@@ -129,11 +130,19 @@ class WebUIArgs:
         converted = {k: FIELD_BY_NAME[k].parse(v) for k, v in overrides.items()}
         return replace(self, enabled=True, **converted)
 
+    def with_model_mode(self, model_default: str) -> "WebUIArgs":
+        """These args with mode "default" resolved to the loaded model's default mode (the runner's ``start``, so
+        the infotext and the patch carry the mode that ran)."""
+        return replace(self, mode=model_default) if self.mode == DEFAULT_MODE else self
+
     def config(self, hires: bool = False) -> ToMeConfig:
-        """The engine config of the first pass, or of the hires pass (its own ratio)."""
+        """The engine config of the first pass, or of the hires pass (its own ratio). A mode still "default" (no
+        model resolved it: the XYZ axes' checks of their values) is tomesd's merge."""
         engine_fields = {f.name for f in fields(ToMeConfig)}
         values = {k: v for k, v in self.__dict__.items() if k in engine_fields}
         values["ratio"] = self.hr_ratio if hires else self.ratio
+        if values["mode"] == DEFAULT_MODE:
+            values["mode"] = ToMeConfig.mode
         return ToMeConfig(**values)
 
     def infotext(self, with_hr: bool) -> dict[str, Any]:

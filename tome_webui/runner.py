@@ -5,8 +5,10 @@ batch, the hires pass with its own ratio, removal in ``postprocess`` and, becaus
 reaches ``postprocess``, also when the WebUI closes ``p`` (``with closing(p)`` in txt2img, img2img
 and the API) and again at the start of the next run.
 
-Forge / reForge: ``p.sd_model.forge_objects.unet`` is a ComfyUI-style ModelPatcher that Forge
-restores before every sampling pass, so each pass gets a patched clone and nothing needs removing.
+Forge / reForge / Forge Neo: ``p.sd_model.forge_objects.unet`` is a ComfyUI-style ModelPatcher that Forge
+restores before every sampling pass, so each pass gets a patched clone and nothing needs removing. The clone comes
+from the same plan as ComfyUI's nodes (``model_patcher.plan``): the UNet patch, or on Forge Neo's transformers the
+DiT patch through Neo's patch points (``model_patcher.neo``).
 
 Host-free: ``p`` is duck-typed; nothing here imports ``modules`` or gradio.
 """
@@ -21,7 +23,9 @@ from typing import Any, Sequence
 import tome_core
 from tome_core import ToMeConfig
 import tome_core.adapters.hooks.api
-from tome_core.adapters.model_patcher.unet import check_model_patcher, describe_patcher, patch_model_patcher
+from tome_core.adapters.model_patcher import neo
+from tome_core.adapters.model_patcher.plan import default_mode, plan_patch
+from tome_core.adapters.model_patcher.unet import describe_patcher
 
 from .options import INFOTEXT_KEYS, LEVELS_KEY, SKIPPED_KEY, SKIPPED_VALUE, WebUIArgs
 
@@ -78,17 +82,28 @@ class Run:
             self.patched.append(model)
 
     def collect(self, model: Any) -> None:
-        """Add the verdicts of the patch now on ``model`` (A1111) or on the Forge clone to ``levels``."""
-        if is_forge_run(self):
-            lines = describe_patcher(self.forge_clone)
+        """Add the verdicts of the patch now on ``model`` (A1111) or on the Forge clone to ``levels``: per UNet
+        level, or on a Forge Neo transformer per call shape ("64x64 image tokens, batch 2: ...")."""
+        state = neo.state_of(self.forge_clone) if is_forge_run(self) else None
+        if state is not None:
+            lines = state.describe_verdicts()
+        elif is_forge_run(self):
+            lines = levels_only(describe_patcher(self.forge_clone))
+        elif model is not None and tome_core.is_patched(model):
+            lines = levels_only(tome_core.describe(model).splitlines())
         else:
-            lines = tome_core.describe(model).splitlines() if model is not None and tome_core.is_patched(model) else []
-        self.levels += [line for line in lines if line not in self.levels and line.startswith("level ")]
+            lines = []
+        self.levels += [line for line in lines if line not in self.levels]
 
     def release(self) -> None:
         for model in self.patched:
             unpatch(model)
         self.patched.clear()
+
+
+def levels_only(lines: list) -> list:
+    """The speed check's verdict lines of a UNet patch's description ("level 1: ...")."""
+    return [line for line in lines if line.startswith("level ")]
 
 
 def is_forge_run(run: Run) -> bool:
@@ -131,6 +146,7 @@ def start(p: Any, script_args: Sequence[Any]) -> Run | None:
             )
             p.extra_generation_params[SKIPPED_KEY] = SKIPPED_VALUE
             return None
+        args = args.with_model_mode(default_mode(p.sd_model.forge_objects.unet) if forge else "merge")
         run = Run(base=args.config(), hires=args.config(hires=True))
         check_model(p, run)
     except (TypeError, ValueError) as error:
@@ -147,15 +163,15 @@ def start(p: Any, script_args: Sequence[Any]) -> Run | None:
 def check_model(p: Any, run: Run) -> None:
     """Raise the engine's error if the loaded model cannot take these settings (patches nothing).
 
-    Forge / reForge: ``patch_model_patcher``'s refusals on the UNet patcher (merge_mlp has no patch
-    point there, a non-UNet model, a schedule window without ``percent_to_sigma``). A1111: the
-    model has a UNet ``apply_patch`` can patch (not e.g. SD3 in A1111 1.10).
+    Forge / reForge / Forge Neo: the plan's refusals on the model patcher (merge_mlp has no patch point there, a
+    model that is neither a UNet nor a transformer of the catalogue, a mode the family lacks, a schedule window
+    without ``percent_to_sigma``). A1111: the model has a UNet ``apply_patch`` can patch (not e.g. SD3 in A1111 1.10).
     """
     for config in (run.base, run.hires):
         if not config.enabled:
             continue
         if is_forge(p):
-            check_model_patcher(p.sd_model.forge_objects.unet, config)
+            plan_patch(p.sd_model.forge_objects.unet, config)
         else:
             tome_core.adapters.hooks.api.check_patchable(p.sd_model)
 
@@ -214,7 +230,7 @@ def before_sampling(p: Any) -> None:
     if not config.enabled:
         return
     run.forge_source = objects.unet
-    run.forge_clone = objects.unet = patch_model_patcher(objects.unet, config)
+    run.forge_clone = objects.unet = plan_patch(objects.unet, config).attach()
 
 
 def after_batch(p: Any) -> None:

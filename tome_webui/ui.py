@@ -9,10 +9,15 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
+from tome_core.catalogue.families import default_modes
+
 from .options import (FIELDS, INFOTEXT_KEYS, KV_DOWNSAMPLE_CHOICES, MATCHING_CHOICES, MAX_DOWNSAMPLE_CHOICES,
                       MODE_CHOICES, SPEED_CHECK_CHOICES, WebUIArgs, enabled_from_infotext)
 
 TITLE = "ToMe (token merging)"
+MODE_INFO = ("default: the model's own (merge on UNets; on transformers in Forge Neo the family's: "
+             f"{default_modes()}). merge: merge and unmerge tokens (tomesd; transformers: fewer image tokens "
+             "through whole blocks); kv: keep queries, downsample keys/values.")
 FORGE_MLP_NOTE = ("Merge MLP is not offered here: Forge's UNet patcher has no patch point around the "
                   "feed-forward (an API request that sets it is refused).")
 
@@ -57,7 +62,7 @@ def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_acc
                                        elem_id=script.elem_id("use_rand"))
                 seed = gr.Number(label="Partition seed", value=d.seed, precision=0, elem_id=script.elem_id("seed"))
             mode = gr.Radio(label="Mode", choices=list(MODE_CHOICES), value=d.mode, elem_id=script.elem_id("mode"),
-                            info="merge: merge and unmerge tokens (tomesd); kv: keep queries, downsample keys/values.")
+                            info=MODE_INFO)
             kv_downsample = gr.Radio(label="kv downsampling", choices=list(KV_DOWNSAMPLE_CHOICES),
                                      value=d.kv_downsample, elem_id=script.elem_id("kv_downsample"),
                                      info="Mode kv only: nearest keeps one token per window (lower error on SD1.5 "
@@ -76,7 +81,7 @@ def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_acc
                                     info="Mode merge with level matching: one model call in this many matches, "
                                          "the calls between reuse its matching (fewer GPU kernels, a little more "
                                          "error; its GPU gain is not measured yet). 1 = every call (tomesd). "
-                                         "A1111 only (Forge marks no sampling run).")
+                                         "A1111, and Forge Neo's transformers (Forge marks no sampling run for its UNets).")
             with gr.Row():
                 merge_attn = gr.Checkbox(label="Merge self-attention", value=d.merge_attn,
                                          elem_id=script.elem_id("merge_attn"))

@@ -26,7 +26,7 @@ def require(module: str):
 def script_args(**values):
     """The script's args in FIELDS order: engine defaults, enabled, plus ``values``."""
     defaults = {"enabled": True, "ratio": 0.5, "hr_ratio": 0.5, "max_downsample": "1", "sx": 2, "sy": 2,
-                "use_rand": True, "seed": 0, "mode": "merge", "merge_attn": True, "merge_crossattn": False,
+                "use_rand": True, "seed": 0, "mode": "default", "merge_attn": True, "merge_crossattn": False,
                 "merge_mlp": False, "start_percent": 0.0, "end_percent": 1.0, "min_tokens": 0,
                 "kv_downsample": "nearest", "matching": "level", "speed_check": "auto",
                 "match_every": 1}

@@ -215,6 +215,9 @@ def unreached(entry: Optional["ComfyDiT"], diffusion_model: Any) -> Optional[str
         source = ""
     if text in source:
         return None
+    if cls.__module__.startswith("backend.nn."):  # Forge's model code: Forge Neo's classes honour replace patches
+        return (f"this WebUI's {cls.__module__}.{cls.__qualname__}.{method} has no {text!r}, so ToMe's block "
+                "patches cannot reach its blocks; ToMe reduces this family in Forge Neo (2.x), ComfyUI and diffusers")
     return (f"this ComfyUI's {cls.__module__}.{cls.__qualname__}.{method} calls its blocks without "
             "transformer_options, so no attention override reaches them; update ComfyUI (2026 ComfyUIs pass them)")
 

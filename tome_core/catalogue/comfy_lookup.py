@@ -21,19 +21,22 @@ def binding_named(name: str) -> ComfyDiT:
 
 
 def family_of(diffusion_model: Any) -> Optional[ComfyDiT]:
-    """The table entry of a diffusion model's class (module and class name), else None."""
+    """The table entry of a diffusion model's class (module and class name), else None: ComfyUI's classes
+    (``comfy.ldm``) and Forge Neo's ports of them (``backend.nn``, ``NeoDiT``), whose patchers are alike."""
     cls = type(base_model(diffusion_model))
-    return host_bindings("comfy")[2].get(f"{cls.__module__}.{cls.__qualname__}")  # type: ignore[return-value]
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    found = host_bindings("comfy")[2].get(name) or host_bindings("neo")[2].get(name)
+    return found  # type: ignore[return-value]
 
 
-def merging_names() -> str:
-    """The families whose blocks mode "merge" reaches in ComfyUI, for messages."""
-    return ", ".join(binding.name for binding in host_bindings("comfy")[0] if binding.merge is not None)
+def merging_names(host: str = "comfy") -> str:
+    """The families whose blocks mode "merge" reaches on ``host`` ("comfy", "neo"), for messages."""
+    return ", ".join(binding.name for binding in host_bindings(host)[0] if binding.merge is not None)
 
 
-def supported_names() -> str:
-    """The catalogue's families that have a ComfyUI binding, by title (for refusals)."""
-    return ", ".join(family.title for family in CATALOGUE if family.comfy)
+def supported_names(host: str = "comfy") -> str:
+    """The catalogue's families that have a binding on ``host`` ("comfy", "neo"), by title (for refusals)."""
+    return ", ".join(family.title for family in CATALOGUE if getattr(family, host))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from .comfy_dits import DOUBLE_SINGLE as COMFY_DOUBLE_SINGLE
 from .diffusers_dits import (FLUX_BLOCKS, TRANSFORMERS, BlockList, DiffusersDiT, KeyInputs, MergeInputs, Timestep,
                              rope_image_then_text, rope_over_text_and_image, rope_over_video, rope_over_video_heads)
 from .diffusers_dits import DOUBLE_SINGLE as DIFFUSERS_DOUBLE_SINGLE
+from .neo_dits import NeoDiT
 from .wanvideo import WANVIDEO_WRAPPER, WanVideoDiT
 
 # Mode merge on Wan's blocks: their "double_block" replace patches (the blocks report no type), the video's rotary
@@ -31,6 +32,10 @@ from .wanvideo import WANVIDEO_WRAPPER, WanVideoDiT
 # their hints are added to the full stream after a merged block).
 WAN_MERGE = ComfyMerge(pe_axis=1, per_token=("vec",), replace=(("blocks", "double_block"),), lists=("blocks",))
 UNET_FAMILIES = ("SD1.x", "SD2.x", "SDXL (and SSD-1B, Playground v2, ...)")
+NEO = "backend.nn."  # Forge Neo's own model code (backend/nn/*.py)
+# What a Neo class's forward_orig must hold for ToMe's patches to reach its blocks: the "dit" block replace patches
+# (lllyasviel's Forge has classes of the same module and name without them: refused before sampling).
+NEO_REPLACED = ("forward_orig", "blocks_replace")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class ModelFamily:
     native_px: (width, height) the family is made for, where the benchmark runs it, else None.
     diffusers, comfy: the host classes of the family, as bindings; empty where that host has none.
     wanvideo: the classes of kijai's ComfyUI-WanVideoWrapper (its own loader, sampler and model type), as bindings.
+    neo: the classes of Forge Neo (``backend.nn``; ``NeoDiT``: ComfyUI's binding over Neo's ports), as bindings.
     default_mode: the mode used where none is asked for (the basic ComfyUI node, ``apply_patch`` without
         ``mode``): the lowest error per unit of speed-up measured (docs/TRANSFORMERS.md, "Mode merge"); "merge"
         only where the family has merge bindings, and only on the classes they reach (the others get kv).
@@ -59,11 +65,12 @@ class ModelFamily:
     default_mode: str = "kv"
     wanvideo: Tuple[WanVideoDiT, ...] = ()
     merge_attention: str = "plain"
+    neo: Tuple[NeoDiT, ...] = ()
 
     @property
     def bindings(self) -> tuple:
         """Every host binding of the family."""
-        return self.diffusers + self.comfy + self.wanvideo
+        return self.diffusers + self.comfy + self.wanvideo + self.neo
 
     def mode_for(self, merges: bool) -> str:
         """The mode used where none is asked for, on a class that does (``merges``) or does not take mode merge."""
@@ -105,6 +112,14 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
                      (ComfyBlocks("double_blocks", "double", default=False), ComfyBlocks("single_blocks", "single")),
                      reports_blocks=True, host_reports=("img_slice",), merge=ComfyMerge(joint=("single",))),
         ),
+        neo=(
+            # Flux.1 (Kontext, Krea) and Flux.2 Klein in Forge Neo: ComfyUI's Flux blocks, reports and replace patches,
+            # no img_slice report (reference latents come from Neo's dynamic_args, after the grid: kept whole).
+            NeoDiT("flux", (NEO + "flux.IntegratedFluxTransformer2DModel",), "first",
+                   (ComfyBlocks("double_blocks", "double", default=False), ComfyBlocks("single_blocks", "single")),
+                   reports_blocks=True, merge=ComfyMerge(joint=("single",)),
+                   attention=(NEO + "flux.attention_function",), blocks_reached_by=NEO_REPLACED),
+        ),
     ),
     ModelFamily(
         'chroma', 'Chroma / Chroma Radiance', grid_dims=2, native_px=(1024, 1024),
@@ -118,6 +133,11 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
             # [text, image], blocks reported; every block by default (not measured apart, as in diffusers' Chroma).
             ComfyDiT("chroma", ("comfy.ldm.chroma.model.Chroma", "comfy.ldm.chroma_radiance.model.ChromaRadiance"),
                      "first", COMFY_DOUBLE_SINGLE, reports_blocks=True, host_reports=("img_slice",)),
+        ),
+        neo=(
+            # Chroma in Forge Neo: Flux's blocks (and so Flux's attention global), reported; no Radiance class.
+            NeoDiT("chroma", (NEO + "chroma.IntegratedChromaTransformer2DModel",), "first", COMFY_DOUBLE_SINGLE,
+                   reports_blocks=True, attention=(NEO + "flux.attention_function",), blocks_reached_by=NEO_REPLACED),
         ),
     ),
     # Qwen-Image: mode merge by default: at ratio 0.5 on the CPU 2.01x at cfg err peaked 0.364 against kv's 1.16x
@@ -134,6 +154,14 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
             ComfyDiT("qwen_image", ("comfy.ldm.qwen_image.model.QwenImageTransformer2DModel",), "first",
                      (ComfyBlocks("transformer_blocks", "double"),), reports_blocks=True, image_frames=True,
                      merge=ComfyMerge()),
+        ),
+        neo=(
+            # Qwen-Image in Forge Neo: no block reports (counted), no transformer_options in the replace args nor in
+            # the attention call (positional mask), the rotary table's token axis 1.
+            NeoDiT("qwen_image", (NEO + "qwen.QwenImageTransformer2DModel",), "first",
+                   (ComfyBlocks("transformer_blocks", "double"),), image_frames=True, merge=ComfyMerge(pe_axis=1),
+                   attention=(NEO + "qwen.attention_function",), replace_options=False,
+                   blocks_reached_by=("forward", "blocks_replace")),
         ),
     ),
     ModelFamily(
@@ -183,6 +211,14 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
             ComfyDiT("lumina2", ("comfy.ldm.lumina.model.NextDiT",), "first", (ComfyBlocks("layers", "layers"),),
                      pad_multiple="pad_tokens_multiple", unknown_with=("ref_latents", "siglip_feats"),
                      merge=ComfyMerge(joint=("layers",), pe_axis=1, object_patch=True)),
+        ),
+        neo=(
+            # Z-Image and Lumina 2 in Forge Neo: ComfyUI's NextDiT without its Omni inputs; layers object-patched.
+            NeoDiT("lumina2", (NEO + "lumina.NextDiT",), "first", (ComfyBlocks("layers", "layers"),),
+                   pad_multiple="pad_tokens_multiple",
+                   merge=ComfyMerge(joint=("layers",), pe_axis=1, object_patch=True),
+                   attention=(NEO + "lumina.attention_function",),
+                   blocks_reached_by=("forward", "layer(x, mask, freqs_cis, adaln_input, transformer_options=")),
         ),
     ),
     ModelFamily(
@@ -241,6 +277,13 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
                      (ComfyBlocks("blocks", "double"),), reports_blocks=True,
                      appended=(TIME_CONCAT, Appended("reference_latent", place="before", in_time=True)), **WAN_HOST,
                      merge=ComfyMerge(pe_axis=1, per_token=("vec",))),
+        ),
+        neo=(
+            # Wan 2.1/2.2 t2v and i2v in Forge Neo: ComfyUI's WanModel blocks and replace patches; the self-attention
+            # calls the module function backend.nn.wan.attention (Radial Attention's slot), the cross-attention not.
+            NeoDiT("wan", (NEO + "wan.WanModel",), "separate", (ComfyBlocks("blocks", "blocks"),),
+                   cross_keys=("clip_fea",), merge=WAN_MERGE, attention=(NEO + "wan.attention",),
+                   blocks_reached_by=NEO_REPLACED),
         ),
         # kijai's ComfyUI-WanVideoWrapper (v1.4.7): its own WanModel, loader and sampler (WANVIDEOMODEL); mode merge
         # and kv through hooks on its blocks, its features placed or refused by name (wanvideo.py).
@@ -499,7 +542,7 @@ def family_of_binding(binding: object) -> Optional[ModelFamily]:
 
 
 def titles(host: str) -> str:
-    """The titles of the families ``host`` ("diffusers" or "comfy") runs, for help text and refusals."""
+    """The titles of the families ``host`` ("diffusers", "comfy" or "neo") runs, for help text and refusals."""
     return ", ".join(family.title for family in CATALOGUE if getattr(family, host))
 
 
@@ -517,7 +560,8 @@ def markdown_list() -> str:
     return "\n".join(lines) + "\n"
 
 
-HOSTS = (("diffusers", "diffusers"), ("ComfyUI", "comfy"), ("ComfyUI-WanVideoWrapper", "wanvideo"))
+HOSTS = (("diffusers", "diffusers"), ("ComfyUI", "comfy"), ("ComfyUI-WanVideoWrapper", "wanvideo"),
+         ("Forge Neo", "neo"))
 
 
 def _joined(labels: list) -> str:
@@ -530,7 +574,7 @@ def short_title(family: ModelFamily) -> str:
 
 
 def modes_of(family: ModelFamily, host: Optional[str] = None) -> Tuple[str, ...]:
-    """The modes ``family`` takes on ``host`` ("diffusers", "comfy" or "wanvideo"; None: on any): ("kv",) or
+    """The modes ``family`` takes on ``host`` ("diffusers", "comfy", "wanvideo" or "neo"; None: on any): ("kv",) or
     ("kv", "merge")."""
     bindings = family.bindings if host is None else getattr(family, host)
     return ("kv", "merge") if any(binding.merge is not None for binding in bindings) else ("kv",)

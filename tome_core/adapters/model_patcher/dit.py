@@ -27,10 +27,13 @@ from .reports import ReportBasis, agrees, host_report, report_basis, reported_la
 from ...catalogue.families import ModelFamily
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
-from . import dit_merge
+from ...catalogue.neo_dits import NeoDiT
+from . import dit_merge, neo
 from .compiled import APPLY_MODEL
 
 WRAPPER_KEY = "tome_dit_kv"
+NEO_METHODS = ("clone", "set_model_unet_function_wrapper", "set_model_patch_replace", "add_object_patch",
+               "get_model_object")
 
 def _diffusion_model(patcher: Any) -> Any:
     model = getattr(patcher, "model", None)
@@ -307,8 +310,16 @@ def check_dit_model_patcher(patcher: Any, config: ToMeConfig,
     name = type(known.model).__name__
     if known.unreached:
         raise TypeError(f"ToMe: {name} cannot be reduced here: {known.unreached}.")
-    require_dit_config(config, name, merges=known.merges, merge_families=merging_names())
+    in_neo = isinstance(known.entry, NeoDiT)
+    require_dit_config(config, name, merges=known.merges, merge_families=merging_names("neo" if in_neo else "comfy"))
     chosen = chosen_blocks(config, known.block_count, known.default_start, name)
+    if in_neo:  # Forge Neo: its patcher's model_function_wrapper, replace and object patches (neo.py)
+        missing = [method for method in NEO_METHODS if not callable(getattr(patcher, method, None))]
+        if missing:
+            raise TypeError(f"ToMe: {name} runs in Forge Neo, but its {type(patcher).__name__} lacks "
+                            f"{', '.join(missing)}: this Forge Neo's patcher is not the one ToMe knows "
+                            "(backend/patcher/base.py of Neo 2.x).")
+        return chosen
     if not hasattr(patcher, "add_wrapper_with_key") or not _host_has_override():
         raise RuntimeError("ToMe: this ComfyUI has no transformer_options['optimized_attention_override'] "
                            "(added in ComfyUI 0.3.6x); update ComfyUI to use ToMe on DiT models.")
@@ -326,15 +337,21 @@ def patch_dit_model_patcher(patcher: Any, config: ToMeConfig, known: Optional[Co
     """
     known = known or resolve_dit(patcher)
     chosen = check_dit_model_patcher(patcher, config, known) if checked is None else checked[0]
-    sampling = patcher.get_model_object("model_sampling")
+    in_neo = isinstance(known.entry, NeoDiT)
+    # ComfyUI's model_sampling; Forge Neo's KModel holds its predictor
+    sampling = patcher.get_model_object("predictor" if in_neo else "model_sampling")
     window = SigmaWindow.from_percents(config.start_percent, config.end_percent, sampling.percent_to_sigma)
     if config.mode == "merge":  # whole blocks through "dit" block replace patches (dit_merge.py)
         blocks = dit_merge.merge_blocks(known.entry, known.model, known.offsets, chosen)
         state = dit_merge.DiTMergePatch(config, window, known.entry, blocks, known)
+        if in_neo:
+            return neo.attach(patcher, state, known)
         return dit_merge.attach(patcher.clone(), state, WRAPPER_KEY, APPLY_MODEL)
     state = DiTKVPatch(config, window=window, family=known.entry, blocks=chosen, block_offsets=known.offsets,
                        image_only_attention=has_image_only_attention(known.model, known.entry),
                        grid_last=known.grid_last, known=known)
+    if in_neo:
+        return neo.attach(patcher, state, known)
     clone = patcher.clone()
     clone.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)  # re-patching replaces, never stacks
     clone.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, state.apply_model_wrapper)

@@ -91,7 +91,8 @@ class DiTMergePatch(DiTCallPatch):
         and device)."""
         base, x, _, extra, options = reading.host
         if first and self.reuse.on:  # match_every: a sampling run never starts on the last run's matching
-            self.reuse.restart_on(options.get("sample_sigmas"))
+            # ComfyUI's sample_sigmas; Forge Neo's sampling_sigmas (sd_samplers_kdiffusion writes them per run)
+            self.reuse.restart_on(options.get("sample_sigmas", options.get("sampling_sigmas")))
         call = super().build(reading, first)
         model = base_model(base.diffusion_model)
         params = getattr(model, "params", None)  # Flux keeps it in its params, Qwen-Image on the model
@@ -329,7 +330,11 @@ def _object_patch(clone: Any, state: DiTMergePatch, kind: str, index: int) -> No
 
 
 def merge_patch_of(patcher: Any) -> Optional[DiTMergePatch]:
-    """The ``DiTMergePatch`` of the ToMe patch on ``patcher`` (its APPLY_MODEL wrapper's), else None."""
+    """The ``DiTMergePatch`` of the ToMe patch on ``patcher`` (its APPLY_MODEL wrapper's, or in Forge Neo its
+    model_function_wrapper's), else None."""
+    state = getattr((getattr(patcher, "model_options", None) or {}).get("model_function_wrapper"), "tome_state", None)
+    if isinstance(state, DiTMergePatch):
+        return state
     for wrappers in (getattr(patcher, "wrappers", None) or {}).get(APPLY_MODEL, {}).values():
         for wrapper in wrappers:
             state = getattr(wrapper, "__self__", None)

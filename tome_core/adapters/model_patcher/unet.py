@@ -77,12 +77,19 @@ def base_downsample_of(patcher: Any) -> int:
         return attention_base_downsample(unet)
     except TypeError as error:
         cls = type(getattr(unet, "_orig_mod", unet))
+        host, key = ("Forge Neo", "neo") if cls.__module__.startswith("backend.nn.") else ("ComfyUI", "comfy")
+        if cls.__module__ == "backend.nn.svdq":  # Forge Neo's Nunchaku classes (SVDQ Flux, Qwen-Image, Z-Image)
+            raise UnsupportedModelError(
+                f"ToMe cannot patch {cls.__module__}.{cls.__qualname__}: Nunchaku's SVDQ model runs its own "
+                "quantized blocks and attention, which no ToMe patch reaches. Load the family's non-quantized "
+                f"checkpoint to use ToMe, or turn ToMe off for this model. Transformers it reduces in {host}: "
+                f"{supported_names(key)}.") from error
         raise UnsupportedModelError(
             f"ToMe cannot patch a {kind} model ({type(unet).__name__}, {cls.__module__}.{cls.__qualname__}): it has "
             f"no UNet transformer blocks (BasicTransformerBlock in input_blocks/middle_block). Supported: "
             f"{SUPPORTED_MODELS}; and it is not a transformer class of ToMe's catalogue (matched by module and class "
             "name; a quantizing pack's own model class, e.g. Nunchaku's, is not its family's). Transformers it "
-            f"reduces in ComfyUI: {supported_names()}."
+            f"reduces in {host}: {supported_names(key)}."
         ) from error
 
 

@@ -1,0 +1,1 @@
+"""Stand-in of Neo's ``backend/modules`` package (k_model.py: KModel, k_prediction.py: flow predictors)."""

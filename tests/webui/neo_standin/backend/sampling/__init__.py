@@ -1,0 +1,1 @@
+"""Stand-in of Neo's ``backend/sampling`` package (sampling_function.py)."""
