@@ -129,6 +129,9 @@ class DiffusersDiT:
     merge: how mode "merge" reaches its blocks (``MergeInputs``); None: the family takes mode "kv" only.
     latents: the forward's first argument's name: the latents, a tensor [B, ...] or a list of one per sample
         (Z-Image's ``x``); the batch and the call memo read it.
+    context_parallel: diffusers' context parallelism (``_cp_plan``) splits the class's text and image tokens into
+        contiguous chunks, joint attention ``[text_r, image_r]`` per process (or the image alone), as
+        ``engine.slices`` reads them: mode kv reduces it under Ulysses attention.
     """
 
     name: str
@@ -140,6 +143,7 @@ class DiffusersDiT:
     key_inputs: Optional[KeyInputs] = None
     merge: Optional[MergeInputs] = None
     latents: str = "hidden_states"
+    context_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.text not in TEXT_PLACES:

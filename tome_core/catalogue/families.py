@@ -95,7 +95,7 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
         diffusers=(
             DiffusersDiT("flux", (TRANSFORMERS + "transformer_flux.FluxTransformer2DModel",), "first", FLUX_BLOCKS,
                          readers.flux_ids(4), Timestep(3, "timestep", 1.0),
-                         merge=MergeInputs(rope_over_text_and_image)),
+                         merge=MergeInputs(rope_over_text_and_image), context_parallel=True),
             DiffusersDiT("flux2", (TRANSFORMERS + "transformer_flux2.Flux2Transformer2DModel",), "first",
                          DIFFUSERS_DOUBLE_SINGLE,
                          readers.flux2_tokens, Timestep(2, "timestep", 1.0),
@@ -148,7 +148,8 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
         diffusers=(
             DiffusersDiT("qwen_image", (TRANSFORMERS + "transformer_qwenimage.QwenImageTransformer2DModel",), "first",
                          (BlockList("transformer_blocks", (("attn", "joint"),)),), readers.qwen_tokens, Timestep(3,
-                         "timestep", 1.0), merge=MergeInputs(rope_image_then_text, per_token=("modulate_index",))),
+                         "timestep", 1.0), merge=MergeInputs(rope_image_then_text, per_token=("modulate_index",)),
+                         context_parallel=True),
         ),
         comfy=(
             ComfyDiT("qwen_image", ("comfy.ldm.qwen_image.model.QwenImageTransformer2DModel",), "first",
@@ -229,7 +230,8 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
         diffusers=(
             DiffusersDiT("wan", (TRANSFORMERS + "transformer_wan.WanTransformer3DModel",), "separate",
                          (BlockList("blocks", (("attn1", "image"),)),), readers.wan_tokens, Timestep(1, "timestep",
-                         1000.0), merge=MergeInputs(rope_over_video, per_token=("temb",), output=None)),
+                         1000.0), merge=MergeInputs(rope_over_video, per_token=("temb",), output=None),
+                         context_parallel=True),
             # VACE runs all its vace_blocks (the control video over the same grid) before the main blocks.
             DiffusersDiT("wan_vace", (TRANSFORMERS + "transformer_wan_vace.WanVACETransformer3DModel",), "separate",
                          (BlockList("vace_blocks", (("attn1", "image"),)), BlockList("blocks", (("attn1",

@@ -23,6 +23,7 @@ from .reuse import MatchingReuse
 from .speed_check import GENERATION, Verdict, call_verdict, decided_call
 from .grid import TokenLayout
 from .kv import dit_window, keep_index, pick_index_nd
+from .slices import SequenceSlices
 from .token_merge import GridMatch, TokenMerge, match_grid, merge_window
 
 _LOG = logging.getLogger("tome.dit")
@@ -40,7 +41,9 @@ class CallReading:
     as a block takes it, the text apart), the step (a device tensor or a float), the batch, dtype and device, the
     model's name (for the speed check's key), and for merge the text a joint block puts beside the stream (``text``,
     after it where ``text_last``); ``image_keys``: kv also picks the grid alone (an image-only self-attention);
-    ``host``: what the host's own additions to the plan need."""
+    ``host``: what the host's own additions to the plan need; ``slices``: the call's sequence is split across
+    processes (context parallelism: the kept keys are found in the gathered sequence, and no process times the
+    call alone)."""
 
     layout: TokenLayout
     step: Any
@@ -52,6 +55,7 @@ class CallReading:
     text_last: bool = False
     image_keys: bool = False
     host: Any = None
+    slices: Optional[SequenceSlices] = None
 
     @property
     def what(self) -> Tuple:
@@ -177,7 +181,10 @@ class CallPlanner:
         config, (what, dtype, device) = self.config, key
         found = decided_call(config, what, dtype, device)
         if found is None:
-            run = None if repeat is None else (lambda reduced: self.repeat_forced(reduced, repeat))
+            # context parallel: a process timing alone would repeat collectives its peers do not, and could decide
+            # otherwise; untimed, every process reduces
+            run = None if repeat is None or reading.slices is not None else \
+                (lambda reduced: self.repeat_forced(reduced, repeat))
             found = call_verdict(config, what, dtype, device, run)
         label = call_label(reading.layout.grid, reading.batch)  # "64x64 image tokens, batch 2": describe_verdicts
         if self.verdicts.get(label) != found:
@@ -214,8 +221,13 @@ class CallPlanner:
         speed-check repeat, the matching kept by an earlier call where ``match_every`` reuses it)."""
         layout, step, device = reading.layout, reading.step, reading.device
         if self.config.mode == "kv":
+            keep = self.keep_for(layout, step, device)
             image = self.keep_for(layout.image_only(), step, device) if reading.image_keys else None
-            return KVCall(layout, self.keep_for(layout, step, device), step, image)
+            slices = reading.slices
+            if slices is not None:  # the same keys, at their places in the gathered sequence (slices.py)
+                keep = slices.gathered(layout, keep)
+                image = None if image is None else slices.gathered(layout.image_only(), image)
+            return KVCall(layout, keep, step, image)
         config = self.config
         destinations = self.destinations_for(layout.grid, merge_window(layout.grid, config.sx, config.sy), step,
                                              device)

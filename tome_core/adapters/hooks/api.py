@@ -6,6 +6,7 @@ from typing import Optional, TypeVar
 from ...engine.config import ToMeConfig, require_all_blocks
 from ...engine.token_merge import ATTENTION_WORDS
 from . import dit as diffusers_dit
+from .context_parallel import context_slices, refuse as refuse_split
 from .switched import refuse_fullgraph
 from .unet import STATE_ATTR, check_partners, install, uninstall
 from ...catalogue.families import family_of_binding
@@ -50,7 +51,7 @@ def apply_patch(
     Lumina 2, Z-Image, LTX-Video, LTX-2) take mode "kv", and Flux.1/.2, Qwen-Image, Z-Image, Lumina 2, Wan and
     LTX-2 mode "merge" too (fewer image tokens through whole blocks; ``tome_core.engine.token_merge``). mode None:
     "merge" on UNets (tomesd's), the family's default on DiTs (kv; merge on Qwen-Image, Z-Image / Lumina 2, Wan,
-    LTX-2).
+    LTX-2), kv on a DiT under context parallelism (docs/DIFFUSERS.md, "Past one GPU").
     block_start/block_end pick the share of their blocks, in depth order, that is reduced (block_start None: the
     model's default, on Flux its single blocks); UNets refuse a range (max_downsample picks their levels).
     merge_attention (DiT mode merge): how attention in a merged block weighs the merged keys: "plain" (each as one
@@ -69,7 +70,9 @@ def apply_patch(
     if mode is None:  # tomesd's merge on UNets; a DiT family's own default (catalogue: kv, merge on Qwen-Image)
         dit = diffusers_dit.find_dit(model)
         binding = diffusers_dit.family_of(dit) if dit is not None else None
-        mode = family_of_binding(binding).mode_for(binding.merge is not None) if binding is not None else "merge"
+        # under context parallelism only kv follows the split (context_parallel.py): the family's mode there
+        merges = binding is not None and binding.merge is not None and context_slices(dit) is None
+        mode = family_of_binding(binding).mode_for(merges) if binding is not None else "merge"
     config = ToMeConfig(
         ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, kv_downsample=kv_downsample,
@@ -87,6 +90,7 @@ def apply_config(model: Model, config: ToMeConfig) -> Model:
         diffusers_dit.check_config(dit, config)
         if config.enabled:
             refuse_fullgraph(dit)
+            refuse_split(dit, config)  # made context parallel before: refused now where ToMe cannot follow it
         remove_patch(model)
         diffusers_dit.install(dit, config)
         return model

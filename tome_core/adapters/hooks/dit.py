@@ -84,7 +84,8 @@ class DiTState(DiTCallState):
     def read(self, model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
         return self.family.layout(model, call)
 
-    def reading(self, found: Optional[TokenLayout], step: Any, batch: int) -> Optional[CallReading]:
+    def reading(self, found: Optional[TokenLayout], step: Any, batch: int,
+                slices: Any = None) -> Optional[CallReading]:
         if found is None:
             self.warn_once("layout", f"ToMe: {self.model_name}: could not place the image tokens of this call "
                            "(e.g. reference-image tokens); attention left unreduced.")
@@ -95,7 +96,7 @@ class DiTState(DiTCallState):
             return None  # too few tokens, or a window of one token: nothing to reduce
         weight = self.weight
         return CallReading(found, step, batch, weight.dtype, weight.device, self.model_name,
-                           image_keys=self.image_keys)
+                           image_keys=self.image_keys, slices=slices)
 
 
 def _kept_key_inputs(keys: KeyInputs, layout: TokenLayout, keep: torch.Tensor, args: tuple,

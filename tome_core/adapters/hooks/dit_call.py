@@ -18,6 +18,7 @@ from ...engine.call_plan import CallPlanner, CallReading
 from ...engine.config import ToMeConfig
 from ...engine.schedule import call_step
 from .call_memo import CallMemo
+from .context_parallel import refuse as refuse_split
 from .switched import SwitchedHooks
 from .unet import not_compiled
 
@@ -49,8 +50,9 @@ class DiTCallState(CallPlanner):
         """The family's reading of a call (``{"args": ..., "kwargs": ...}``), remembered by ``memo``."""
         raise NotImplementedError
 
-    def reading(self, found: Any, step: Any, batch: int) -> Optional[CallReading]:
-        """What the engine plans the call from, or None (unplaceable, warned; too few tokens) to leave it whole."""
+    def reading(self, found: Any, step: Any, batch: int, slices: Any = None) -> Optional[CallReading]:
+        """What the engine plans the call from, or None (unplaceable, warned; too few tokens) to leave it whole;
+        ``slices``: the call's sequence split across processes (``engine.slices``), None on one."""
         raise NotImplementedError
 
 
@@ -75,10 +77,11 @@ def _plan(state: DiTCallState, model: torch.nn.Module, args: tuple, kwargs: dict
     found = state.memo.read(args, kwargs, (0, family.latents, spec.index, spec.name),
                             lambda: state.read(model, {"args": args, "kwargs": kwargs}))
     timestep = kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)
+    slices = refuse_split(model, config, found)  # context parallelism: the split, or a refusal naming it
     on, step = call_step(timestep, config, spec.progress)  # reads the step only for a user-set window
     if not on:
         return None
-    reading = state.reading(found, step, family.batch(args, kwargs))
+    reading = state.reading(found, step, family.batch(args, kwargs), slices)
     # the speed check repeats the call through this hook; not where a diffusers hook on the model itself (a step
     # cache) would count the repeats as steps
     repeat = None if getattr(model.__dict__.get("_diffusers_hook"), "hooks", None) else \

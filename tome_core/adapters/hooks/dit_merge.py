@@ -60,7 +60,7 @@ class DiTMergeState(DiTCallState):
     def read(self, model: torch.nn.Module, call: dict) -> Any:
         return self.family.read(model, call)
 
-    def reading(self, tokens: Any, step: Any, batch: int) -> Optional[CallReading]:
+    def reading(self, tokens: Any, step: Any, batch: int, slices: Any = None) -> Optional[CallReading]:
         if tokens is None or len(tokens.grid) not in (2, 3) or min(tokens.grid) < 1:
             self.warn_once("layout", f"ToMe: {self.model_name}: could not place the image tokens of this call; "
                            "its blocks run whole.")
