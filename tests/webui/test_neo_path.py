@@ -330,3 +330,23 @@ def test_a_neo_transformer_outside_the_catalogue_is_refused_naming_what_neo_redu
     with pytest.raises(TypeError, match=r"\(Anima, backend.nn.anima.Anima\).*Transformers it reduces in Forge Neo: "
                                         r"Flux .*Chroma.*Qwen-Image.*Z-Image.*Wan"):
         neo_run(host, script, {"flux": (patcher, make_conds)}, "flux", script_args(ratio=0.5))
+
+
+@pytest.mark.parametrize("mode", ["kv", "merge"])
+def test_qwen_image_edit_references_from_neos_process_global_are_placed(script, host, neo, patchers, mode,
+                                                                         monkeypatch):
+    """Neo hands Qwen-Image Edit its reference images through ``dynamic_args.ref_latents`` (qwen.py:399), not the
+    call: their tokens follow the image's, kept whole, and the call is still reduced in both modes (kv counts its
+    joint attentions by their length, which the references lengthen)."""
+    from backend.args import dynamic_args
+
+    # one per sample of the call ([uncond, cond] at cfg 2), as Neo's edit engine leaves them
+    reference = torch.randn(neo.models.latent_shape("qwen_image", 2), generator=torch.Generator().manual_seed(3))
+    monkeypatch.setattr(dynamic_args, "ref_latents", [reference])
+    plain, _ = neo_run(host, None, patchers, "qwen_image", [], steps=2)
+    out, p = neo_run(host, script, patchers, "qwen_image", script_args(ratio=0.5, mode=mode, speed_check="off"),
+                     steps=2)
+    assert state_of_run(p).reduced_calls >= 2 and not torch.equal(out.images[0], plain.images[0])
+    monkeypatch.setattr(dynamic_args, "ref_latents", [])
+    alone, _ = neo_run(host, None, patchers, "qwen_image", [], steps=2)
+    assert not torch.equal(alone.images[0], plain.images[0])  # the references took part in the call

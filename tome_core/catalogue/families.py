@@ -158,9 +158,11 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
         ),
         neo=(
             # Qwen-Image in Forge Neo: no block reports (counted), no transformer_options in the replace args nor in
-            # the attention call (positional mask), the rotary table's token axis 1.
+            # the attention call (positional mask), the rotary table's token axis 1; Edit's reference images (Neo's
+            # dynamic_args, handed to the call by the binding) after the image, kept whole.
             NeoDiT("qwen_image", (NEO + "qwen.QwenImageTransformer2DModel",), "first",
                    (ComfyBlocks("transformer_blocks", "double"),), image_frames=True, merge=ComfyMerge(pe_axis=1),
+                   appended=(Appended("ref_latents"),),
                    attention=(NEO + "qwen.attention_function",), replace_options=False,
                    blocks_reached_by=("forward", "blocks_replace")),
         ),

@@ -23,6 +23,7 @@ What stands in for each, per patched clone:
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any, Callable, List, Optional, Tuple
 
 from ...catalogue.comfy_lookup import ComfyModel
@@ -105,15 +106,31 @@ class _Executor:
         return self.attention.run(call, options, OVERRIDE in options or CALL_KEY in options)
 
 
-def function_wrapper(state: DiTCallPatch, attention: NeoAttention, previous: Optional[Callable]) -> Callable:
+def _process_references(entry: NeoDiT) -> Optional[list]:
+    """The reference latents Neo hands the model through its process global (``backend.args.dynamic_args``: Qwen-Image
+    Edit's and Flux Kontext's images, read by the model where the call passes none), where the family places them
+    (``appended`` "ref_latents"); None where there are none."""
+    if not any(item.keyword == "ref_latents" for item in entry.appended):
+        return None
+    refs = getattr(getattr(sys.modules.get("backend.args"), "dynamic_args", None), "ref_latents", None)
+    return list(refs) if refs else None
+
+
+def function_wrapper(state: DiTCallPatch, attention: NeoAttention, previous: Optional[Callable],
+                     entry: NeoDiT) -> Callable:
     """The clone's ``model_function_wrapper``: each model call through ``state.apply_model_wrapper``; ``previous``
-    (a wrapper set before ToMe) called in turn with an ``apply_model`` that ToMe plans per call."""
+    (a wrapper set before ToMe) called in turn with an ``apply_model`` that ToMe plans per call. Neo's process-global
+    references are handed to the call as its ``ref_latents`` (what the model reads anyway), so the layout has them."""
     def prepared(apply_model: Callable, args: dict) -> Any:
         c = dict(args.get("c") or {})
         options: Optional[dict] = c.pop("transformer_options", None)
         if not isinstance(options, dict):
             return apply_model(args["input"], args["timestep"], **c)
         options[MARK] = True
+        if not c.get("ref_latents"):
+            refs = _process_references(entry)
+            if refs is not None:
+                c["ref_latents"] = refs
         return state.apply_model_wrapper(_Executor(apply_model, attention), args["input"], args["timestep"],
                                          c.pop("c_concat", None), c.pop("c_crossattn", None), c.pop("control", None),
                                          options, **c)
@@ -179,7 +196,7 @@ def attach(patcher: Any, state: DiTCallPatch, known: ComfyModel) -> Any:
     previous = clone.model_options.get("model_function_wrapper")
     if getattr(previous, "tome_state", None) is not None:
         previous = getattr(previous, "tome_previous", None)
-    clone.set_model_unet_function_wrapper(function_wrapper(state, attention, previous))
+    clone.set_model_unet_function_wrapper(function_wrapper(state, attention, previous, entry))
     merging = isinstance(state, DiTMergePatch)
     first_list = entry.blocks[0]
     targets = state.blocks if merging else [(first_list.reported, 0)]
