@@ -1,0 +1,130 @@
+"""ToMe under diffusers' context parallelism: vanilla-CP against ToMe-CP (mode kv, Ulysses), interleaved, per family.
+
+Run under torchrun, one process per chunk (gloo on the CPU, nccl on GPUs), from the repository root:
+
+    torchrun --standalone --nproc_per_node 2 -m tome_bench.experiments.context_parallel \\
+        --families flux,qwen_image,wan --sizes 256,768 --repeats 5
+
+Each family's tiny model (``dit_models.build_dit(scale="tiny")``, batch 2, Wan 5 frames) is made parallel with
+``ContextParallelConfig(ulysses_degree=N)``; its forward is timed whole-call on every process (a barrier before each
+call, the slowest process's time kept), vanilla and with ``apply_patch(mode="kv")`` alternated, medians reported with
+their ratio. Beside the time: the bytes Ulysses' all-to-alls move per forward on one process (diffusers'
+``attention_dispatch._all_to_all_single``, counted by wrapping it for the run), and ToMe-CP's relative output change
+against vanilla-CP. Mode kv picks the kept keys after the all-to-all, so it moves as many bytes as vanilla: its gain
+is the attention's work on each process. Rank 0 writes ``docs/results/context_parallel_<device>.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+
+import tome_core
+from tome_bench.dit_models import build_dit, forward, make_dit_inputs
+from tome_bench.report import source_commit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class AllToAllBytes:
+    """Bytes handed to diffusers' Ulysses all-to-all while counting (the module function, wrapped for the run)."""
+
+    def __init__(self) -> None:
+        import diffusers.models.attention_dispatch as dispatch
+
+        self.dispatch, self.original, self.bytes = dispatch, dispatch._all_to_all_single, 0
+
+        def counted(x: torch.Tensor, group: object) -> torch.Tensor:
+            self.bytes += x.numel() * x.element_size()
+            return self.original(x, group)
+
+        dispatch._all_to_all_single = counted
+
+    def close(self) -> None:
+        self.dispatch._all_to_all_single = self.original
+
+
+def timed(model: torch.nn.Module, inputs: dict) -> float:
+    """One forward's wall time, the slowest process's (every process waits for the others before and after)."""
+    dist.barrier()
+    start = time.perf_counter()
+    with torch.no_grad():
+        forward(model, inputs)
+    elapsed = torch.tensor([time.perf_counter() - start])
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed)
+
+
+def run_family(family: str, size: int, repeats: int, ratio: float) -> dict:
+    from diffusers import ContextParallelConfig
+
+    world = dist.get_world_size()
+    model = build_dit(family, scale="tiny")
+    inputs = make_dit_inputs(model, family, 2, size, size, frames=5 if family == "wan" else 1)
+    model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+    counter = AllToAllBytes()
+    try:
+        with torch.no_grad():
+            vanilla = forward(model, inputs)
+            volume = {"vanilla": counter.bytes}
+            tome_core.apply_patch(model, ratio=ratio, mode="kv")
+            counter.bytes = 0
+            reduced = forward(model, inputs)
+            volume["tome"] = counter.bytes
+        tome_core.remove_patch(model)
+        times: Dict[str, List[float]] = {"vanilla": [], "tome": []}
+        for _ in range(repeats):  # interleaved: the machine's drift falls on both sides alike
+            times["vanilla"].append(timed(model, inputs))
+            tome_core.apply_patch(model, ratio=ratio, mode="kv")
+            times["tome"].append(timed(model, inputs))
+            tome_core.remove_patch(model)
+    finally:
+        counter.close()
+    median = {side: statistics.median(values) for side, values in times.items()}
+    return {"size": size, "frames": 5 if family == "wan" else 1, "ulysses_degree": world, "ratio": ratio,
+            "median_s": {side: round(value, 4) for side, value in median.items()},
+            "speedup": round(median["vanilla"] / median["tome"], 3),
+            "all_to_all_bytes_per_forward": volume,
+            "tome_vs_vanilla_rel": float((reduced - vanilla).norm() / vanilla.norm())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default="flux,qwen_image,wan")
+    parser.add_argument("--sizes", default="256,768", help="image sides in pixels, each a row per family")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ratio", type=float, default=0.5)
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=120))
+    if cuda:
+        torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
+    else:
+        torch.accelerator.device_count = lambda: 1  # diffusers' _resolve_parallel_config divides by it: 0 on a CPU
+    rows = {f"{family} {size}": run_family(family, size, args.repeats, args.ratio)
+            for family in args.families.split(",") for size in (int(side) for side in args.sizes.split(","))}
+    if dist.get_rank() == 0:
+        device = torch.cuda.get_device_name() if cuda else "cpu"
+        report = {"experiment": "context_parallel", "device": device, "processes": dist.get_world_size(),
+                  "backend": dist.get_backend(), "commit": (source_commit() or "").split("+")[0][:12],
+                  "dirty": "+dirty" in (source_commit() or ""), "torch": torch.__version__, "families": rows}
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"context_parallel_{'cuda' if cuda else 'cpu'}.json"
+        path.write_text(json.dumps(report, indent=1) + "\n")
+        for family, row in rows.items():
+            print(f"{family}: vanilla-CP {row['median_s']['vanilla']:.4f} s, ToMe-CP {row['median_s']['tome']:.4f} s "
+                  f"({row['speedup']}x), all-to-all {row['all_to_all_bytes_per_forward']}, "
+                  f"rel {row['tome_vs_vanilla_rel']:.3g}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
