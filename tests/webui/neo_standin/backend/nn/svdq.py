@@ -151,33 +151,9 @@ class NunchakuQwenImageTransformer2DModel(NunchakuModelMixin, QwenImageTransform
 
     def forward(self, x, timesteps, context, attention_mask=None, guidance=None, ref_latents=None,
                 transformer_options={}, control=None, **kwargs):
-        """Mirrors svdq.py:599-753: the replace loop of Qwen without the patches["double_block"] callbacks."""
-        encoder_hidden_states_mask = attention_mask
-        # references: from dynamic_args only (svdq.py:623), not from the call's ref_latents
-        hidden_states, num_embeds, orig_shape, image_rotary_emb = self._embed(x, context, None, kwargs)
-        hidden_states = self.img_in(hidden_states)
-        encoder_hidden_states = self.txt_in(self.txt_norm(context))
-        temb = self.time_text_embed(timesteps, hidden_states)
-        blocks_replace = transformer_options.get("patches_replace", {}).get("dit", {})
-        for i, block in enumerate(self.transformer_blocks):
-            if ("double_block", i) in blocks_replace:
-
-                def block_wrap(args):
-                    out = {}
-                    out["txt"], out["img"] = block(hidden_states=args["img"], encoder_hidden_states=args["txt"],
-                                                   encoder_hidden_states_mask=encoder_hidden_states_mask,
-                                                   temb=args["vec"], image_rotary_emb=args["pe"])
-                    return out
-
-                out = blocks_replace[("double_block", i)]({"img": hidden_states, "txt": encoder_hidden_states,
-                                                           "vec": temb, "pe": image_rotary_emb},
-                                                          {"original_block": block_wrap})
-                hidden_states = out["img"]
-                encoder_hidden_states = out["txt"]
-            else:
-                encoder_hidden_states, hidden_states = block(hidden_states=hidden_states,
-                                                             encoder_hidden_states=encoder_hidden_states,
-                                                             encoder_hidden_states_mask=encoder_hidden_states_mask,
-                                                             temb=temb, image_rotary_emb=image_rotary_emb)
-        hidden_states = self.proj_out(self.norm_out(hidden_states, temb))
-        return self._unpatch(hidden_states, num_embeds, orig_shape, x)
+        """Mirrors svdq.py:599-753: Qwen's forward and replace loop, without the patches["double_block"] callbacks,
+        its references from dynamic_args only (svdq.py:623)."""
+        options = dict(transformer_options)
+        options["patches"] = {k: v for k, v in options.get("patches", {}).items() if k != "double_block"}
+        return super().forward(x, timesteps, context, attention_mask=attention_mask, guidance=guidance,
+                               ref_latents=None, transformer_options=options, control=control, **kwargs)
