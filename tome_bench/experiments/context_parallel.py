@@ -1,9 +1,10 @@
 """ToMe under diffusers' context parallelism: vanilla-CP against ToMe-CP (mode kv, Ulysses), interleaved, per family.
 
-Run under torchrun, one process per chunk (gloo on the CPU, nccl on GPUs), from the repository root:
+Run from the repository root; it starts ``--processes`` copies of itself under torchrun (one process per chunk, gloo on
+the CPU, nccl on GPUs):
 
-    torchrun --standalone --nproc_per_node 2 -m tome_bench.experiments.context_parallel \\
-        --families flux,qwen_image,wan --sizes 256,768 --repeats 5
+    python -m tome_bench.experiments.context_parallel --processes 2 --families flux,qwen_image,wan \\
+        --sizes 256,768 --repeats 5
 
 Each family's tiny model (``dit_models.build_dit(scale="tiny")``, batch 2, Wan 5 frames) is made parallel with
 ``ContextParallelConfig(ulysses_degree=N)``; its forward is timed whole-call on every process (a barrier before each
@@ -18,7 +19,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -102,7 +105,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ratio", type=float, default=0.5)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
+    parser.add_argument("--processes", type=int, default=2, help="processes (GPUs) the sequence is split over")
     args = parser.parse_args()
+    if "LOCAL_RANK" not in os.environ:  # not started by torchrun yet: start the processes, each running this module
+        os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                  f"--nproc_per_node={args.processes}", "-m", __spec__.name, *sys.argv[1:]])
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=120))
     if cuda:

@@ -77,7 +77,8 @@ def _plan(state: DiTCallState, model: torch.nn.Module, args: tuple, kwargs: dict
     found = state.memo.read(args, kwargs, (0, family.latents, spec.index, spec.name),
                             lambda: state.read(model, {"args": args, "kwargs": kwargs}))
     timestep = kwargs.get(spec.name, args[spec.index] if len(args) > spec.index else None)
-    slices = refuse_split(model, config, found)  # context parallelism: the split, or a refusal naming it
+    # context parallelism (diffusers sets the instance's _parallel_config): the split, or a refusal naming it
+    slices = None if model.__dict__.get("_parallel_config") is None else refuse_split(model, config, found)
     on, step = call_step(timestep, config, spec.progress)  # reads the step only for a user-set window
     if not on:
         return None
