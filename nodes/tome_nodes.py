@@ -10,14 +10,16 @@ from typing import Any, Dict, Optional
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
     from ..tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from ..tome_core.adapters.model_patcher.plan import default_mode, plan_patch, resolve
+    from ..tome_core.adapters.model_patcher.plan import default_mode, default_ratio, plan_patch, resolve
+    from ..tome_core.catalogue.quality import trade_summary
     from ..tome_core.adapters.model_patcher.unet import merger_of
     from ..tome_core.adapters.model_patcher.dit_merge import merge_patch_of
     from ..tome_core.catalogue.families import UNET_FAMILIES, default_modes, merging, mode_summary, short_title
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from tome_core.adapters.model_patcher.plan import default_mode, plan_patch, resolve
+    from tome_core.adapters.model_patcher.plan import default_mode, default_ratio, plan_patch, resolve
+    from tome_core.catalogue.quality import trade_summary
     from tome_core.adapters.model_patcher.unet import merger_of
     from tome_core.adapters.model_patcher.dit_merge import merge_patch_of
     from tome_core.catalogue.families import UNET_FAMILIES, default_modes, merging, mode_summary, short_title
@@ -32,11 +34,13 @@ UNETS = ", ".join(family.split(" (")[0] for family in UNET_FAMILIES)
 MODEL_INPUT = ("MODEL", {"tooltip": f"The model to speed up: a UNet ({UNETS}) or a "
                                     f"transformer (DiT) of the README's list; {mode_summary()}. "
                                     "It is not changed: the node returns a patched copy."})
+MODEL_DEFAULT = -1.0  # the ratio widget's "the model's default" (as block_start's -1)
 RATIO = ("FLOAT", {
-    "default": 0.5, "min": 0.0, "max": 0.75, "step": 0.01,
-    "tooltip": "Fraction of image tokens merged away in each patched self-attention. 0.3-0.5 keeps quality "
-               "close to the original; higher is faster but softer. 0 turns ToMe off. Upper bound "
-               "1 - 1/(sx*sy) (0.75 at the default 2x2 cells).",
+    "default": MODEL_DEFAULT, "min": MODEL_DEFAULT, "max": 0.75, "step": 0.01,
+    "tooltip": "Fraction of image tokens merged away in each patched self-attention. -1 (default) = the model's "
+               "default: 0.5 on UNets (tomesd's), on transformers their family's, the fastest measured at or under "
+               "tomesd's error. Higher is faster but softer; 0 turns ToMe off. Upper bound 1 - 1/(sx*sy) (0.75 at "
+               "the default 2x2 cells). " + trade_summary(),
 })
 MAX_DOWNSAMPLE = ("INT", {
     "default": 1, "min": 1, "max": 8, "step": 1,
@@ -144,6 +148,9 @@ def _config(spec: Dict[str, tuple], **values: Any) -> ToMeConfig:
     if error:
         raise ValueError(error)
     seed = values.pop("tome_seed", 0)
+    ratio = values.get("ratio")
+    if isinstance(ratio, (int, float)) and ratio < 0 and ratio != MODEL_DEFAULT:
+        raise ValueError(f"ToMe: ratio = {ratio}: use -1 for the model's default ratio, or 0 to 0.75 (0 = off).")
     if values.get("block_start") is not None and values["block_start"] < 0:  # the widget's "model default"
         values["block_start"] = None
     return ToMeConfig(seed=seed, **values)
@@ -174,6 +181,8 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     resolved = resolve(model)  # the model as the catalogue knows it, read once for the whole patch
     if "mode" not in values:  # the basic node: the family's default on a DiT (the catalogue's default_mode)
         values = dict(values, mode=default_mode(resolved))
+    if values.get("ratio") == MODEL_DEFAULT:  # the family's default ratio in that mode (tomesd's 0.5 on UNets)
+        values = dict(values, ratio=default_ratio(resolved, values["mode"]))
     config = _config(spec, **values)
     plan = plan_patch(resolved, config)  # validated and described before anything is registered
     patched = plan.attach()

@@ -17,13 +17,18 @@ from typing import Any, Dict, Optional
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core.adapters.wanvideo import patch_of, patch_wanvideo, plan_wanvideo
     from ..tome_core.engine.config import MODES, SPEED_CHECKS
+    from ..tome_core.catalogue.families import BY_NAME
+    from ..tome_core.catalogue.quality import trade
 except ImportError:  # imported with tome_core on sys.path
     from tome_core.adapters.wanvideo import patch_of, patch_wanvideo, plan_wanvideo
     from tome_core.engine.config import MODES, SPEED_CHECKS
-from .tome_nodes import ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, RATIO, ToMe, ToMeAdvanced, _config
+    from tome_core.catalogue.families import BY_NAME
+    from tome_core.catalogue.quality import trade
+from .tome_nodes import ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, MODEL_DEFAULT, RATIO, ToMe, ToMeAdvanced, _config
 from .ui_messages import announce_levels
 
 WANVIDEOMODEL = "WANVIDEOMODEL"
+WAN = BY_NAME["wan"]  # the wrapper runs Wan only: its defaults are the catalogue's
 _LOG = logging.getLogger("tome")
 
 MODE_INPUT = (list(MODES), {"default": "merge", "tooltip":
@@ -62,8 +67,9 @@ class ToMeWanVideo:
                                             "Phantom, VACE, ...). It is not changed: the node returns a patched copy."})
         ratio = (RATIO[0], dict(RATIO[1], max=0.98, tooltip=
                                 "Fraction of the video tokens merged away (merge), or the key/value window closest "
-                                "to it (kv: 0.5 -> 1x2, 0.75 -> 2x2). 0.5 is the measured default; 0 turns ToMe off. "
-                                "At most 1 - 1/(sx*sy)."))
+                                "to it (kv: 0.5 -> 1x2, 0.75 -> 2x2). -1 (default) = Wan's default in the mode "
+                                f"chosen ({WAN.default_ratio:g} in {WAN.default_mode}, 0.5 in the other); 0 turns "
+                                "ToMe off. At most 1 - 1/(sx*sy). " + (trade("wan", "Wan") or "") + "."))
         required = {"model": model, "ratio": ratio, "mode": MODE_INPUT, "sx": ADVANCED_INPUTS["sx"],
                     "sy": ADVANCED_INPUTS["sy"], "use_rand": ADVANCED_INPUTS["use_rand"],
                     "tome_seed": ADVANCED_INPUTS["tome_seed"], "start_percent": START_INPUT,
@@ -84,6 +90,8 @@ class ToMeWanVideo:
 def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: Optional[str] = None) -> tuple:
     """The patched clone and the node's UI message (the plan's description, also logged); shared by V1 and V3. The
     speed check's verdicts, decided while sampling, go to the log and to node ``node_id`` (``announce_levels``)."""
+    if values.get("ratio") == MODEL_DEFAULT:  # Wan's default ratio in the mode chosen
+        values = dict(values, ratio=WAN.ratio_for(values["mode"]))
     config = _config(spec, **values)
     description = plan_wanvideo(model, config)  # every refusal, before anything is cloned
     patched = patch_wanvideo(model, config)

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from .content import CONTENTS, PHOTOS
+from tome_core.catalogue.quality import trade_summary
 from .chart import write_chart
 from .device import check_device, default_dtype
 from .methods import DEFAULT_METHODS, DESCRIPTIONS, METHODS
@@ -139,7 +140,8 @@ def _add_what_to_run(p: argparse.ArgumentParser) -> None:
                         f"patches, multiples of 16) (default: {DEFAULTS['res']}; DiTs: "
                         + ", ".join(f"{f} {w}x{h}" for f, (w, h) in DEFAULT_SIZES.items()) + ")")
     p.add_argument("--ratios", type=_csv(float), default=(0.5,),
-                   help="comma list of merge ratios (default: 0.5)")
+                   help="comma list of merge ratios (default: 0.5, tomesd's; each family's own default and what a higher "
+                        "one costs: " + (trade_summary() or "not measured") + ")")
     p.add_argument("--methods", type=_csv(str), default=None,
                    help=f"comma list from {', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)}; "
                         f"unavailable ones are skipped; DiT families: vanilla,kv; they take {dit_methods_text()}); "
@@ -246,10 +248,44 @@ def _add_where_and_output(p: argparse.ArgumentParser) -> None:
                    help="output folder for results.json, results.md and speedup_vs_error.png "
                         "(the chart needs matplotlib) (default: ./bench_out)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--context-parallel", default=None, metavar="ulysses:N",
+                   help="run the DiT families (flux, qwen_image, wan: diffusers' _cp_plan) under diffusers' context "
+                        "parallelism over N processes (torchrun; gloo on the CPU, nccl on GPUs): vanilla-CP against "
+                        "ToMe-CP (mode kv, --ratios' first), interleaved, the slowest process's time, the all-to-all "
+                        "bytes per forward beside it, tiny models at the --res sides (default 256,768); writes "
+                        "OUT/context_parallel_<device>.json (tome_bench.experiments.context_parallel). Ulysses "
+                        "only: ToMe refuses Ring and merge under context parallelism before the first step")
 
 
 class UsageError(Exception):
     """Bad input: one line for the user, exit code 2."""
+
+
+CONTEXT_PARALLEL_FAMILIES = ("flux", "qwen_image", "wan")  # diffusers' _cp_plan and ToMe's kv under it
+
+
+def context_parallel_command(args: argparse.Namespace) -> list[str]:
+    """The torchrun-launched experiment ``--context-parallel ulysses:N`` runs, or UsageError naming the fix."""
+    kind, _, degree = args.context_parallel.partition(":")
+    if kind == "ring":
+        raise UsageError("--context-parallel ring: ToMe refuses Ring attention under context parallelism before the "
+                         "first step (each rank would need its cut before the ring's dispatch); use ulysses:N")
+    if kind != "ulysses" or not degree.isdigit() or int(degree) < 2:
+        raise UsageError(f"--context-parallel {args.context_parallel!r}: use ulysses:N with N >= 2 processes")
+    families = args.families or CONTEXT_PARALLEL_FAMILIES
+    other = [f for f in families if f not in CONTEXT_PARALLEL_FAMILIES]
+    if other:
+        raise UsageError(f"--context-parallel: {', '.join(other)} not measured under context parallelism; choose "
+                         f"from {', '.join(CONTEXT_PARALLEL_FAMILIES)}")
+    if args.methods and any(m.split("@")[0] not in ("vanilla", "kv") for m in args.methods):
+        raise UsageError("--context-parallel: ToMe-CP runs mode kv (merge is refused under context parallelism); "
+                         "leave --methods out or use vanilla,kv")
+    sides = [w for w, h in args.res] if args.res else [256, 768]
+    if args.res and any(w != h for w, h in args.res):
+        raise UsageError("--context-parallel: square sizes only (--res 256,768)")
+    return [sys.executable, "-m", "tome_bench.experiments.context_parallel", "--processes", degree,
+            "--families", ",".join(families), "--sizes", ",".join(str(side) for side in sides),
+            "--repeats", str(args.repeats or 5), "--ratio", str(args.ratios[0]), "--out", str(args.out)]
 
 
 def _preset(args: argparse.Namespace) -> dict:
@@ -495,6 +531,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the process exit code (2: bad input, one line on stderr)."""
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded with the results
+    if args.context_parallel:  # its own processes: torchrun starts N copies of the experiment
+        try:
+            command = context_parallel_command(args)
+        except UsageError as e:
+            print(f"python -m tome_core bench: error: {e}", file=sys.stderr)
+            return 2
+        import subprocess
+
+        return subprocess.run(command, check=False).returncode
     try:
         configs = _configs(args)
     except UsageError as e:

@@ -213,3 +213,33 @@ def errors(y: torch.Tensor, ref: torch.Tensor, guidance: float) -> tuple[float, 
     if y.shape[0] % 2:
         return raw, None
     return raw, rel_l2(cfg_combine(y, guidance), cfg_combine(ref, guidance))
+
+
+def _register_cpu_attention_flops() -> None:
+    """torch's flop counter has formulas for the CUDA fused attentions only: the CPU's SDPA kernel
+    (``_scaled_dot_product_flash_attention_for_cpu``) counts 0. Its work is the two matmuls, Q·Kᵀ and P·V."""
+    from torch.utils.flop_counter import flop_registry, register_flop_formula
+
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if op is None or op in flop_registry or op.default in flop_registry:
+        return
+
+    @register_flop_formula(op)
+    def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        *batch, lq, d = query_shape
+        lk, dv = key_shape[-2], value_shape[-1]
+        n = 1
+        for b in batch:
+            n *= b
+        return 2 * n * lq * lk * d + 2 * n * lq * lk * dv
+
+
+def count_flops(fn: Forward) -> int:
+    """The floating-point operations of one ``fn()`` (torch's flop counter: matmuls, convolutions and attention;
+    elementwise work is not counted): the work a setting saves, the same on every device and free of timing noise."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _register_cpu_attention_flops()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())

@@ -97,6 +97,13 @@ class BenchConfig:
     trace_dir: str | None = None  # where the traces are kept, gzipped (None: summaries only)
     skipped: dict = field(default_factory=dict)  # method -> reason, filled by ``resolve``
     host: str = "diffusers"     # whose models and patch path: "diffusers" (UNet and DiT kinds) or "comfyui" (HOSTS)
+    # errors only: the warm-up round alone (peaked errors on noise, and on the photo with --content both), no timed
+    # rounds and no vanilla re-run; the rows' times are the warm-up's (one profiled forward each, ``timing``
+    # "warm-up"): a deep model's errors at a third of the forwards (tome_bench.experiments.frontier --errors-only)
+    errors_only: bool = False
+    # also count each variant's floating-point operations in one more forward (``measure.count_flops``): the rows'
+    # ``flops`` and ``work_speedup`` (vanilla's over the variant's), the work saved on any device
+    flops: bool = False
 
     def __post_init__(self) -> None:
         if self.host not in HOSTS:
@@ -298,6 +305,7 @@ class _Measured:
     out: dict = field(default_factory=dict)         # output of the first timed round
     drift: float = 0.0                              # vanilla before vs after all patches
     ops: dict = field(default_factory=dict)         # variant -> op_count.OpCount of one forward
+    flops: dict = field(default_factory=dict)       # variant -> floating-point operations of one forward (cfg.flops)
 
     def ratios(self, variants: list[Variant]) -> dict:
         """Speed-ups over ``variants[0]`` (vanilla) with their bands (see ``stats``)."""
@@ -332,6 +340,16 @@ def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: 
                 with patch(unet, v, **options) as model:
                     m.out_photo[v] = forward(model, photo_inputs)
                 progress(f"{v.label} (photo)")
+        if cfg.flops:  # the patched forward's work, under the same (peaked) attention as the errors
+            for v in variants:
+                with patch(unet, v, **options) as model:
+                    m.flops[v] = measure.count_flops(lambda: forward(model, inputs))
+                progress(f"{v.label} (flops)")
+        if cfg.errors_only:  # the warm-up's times stand for the rounds (one profiled forward each)
+            m.drift = None
+            for v in variants:
+                m.times[v], m.waits[v], m.firsts[v] = [warm[v]], [None], [None]
+            return m
         # vanilla again after every patch was applied and removed: must be unchanged
         warm[variants[0]], again = run(variants[0], probe or measure.timed)  # no first-call cost now
     m.drift = measure.rel_l2(again, m.out_peaked[variants[0]])
@@ -453,7 +471,10 @@ def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Meas
     if firsts:  # CUDA: what the first forward after applying the variant cost (its one-time work included)
         row["first_call_s"] = statistics.median(firsts)
         row["first_calls_s"] = m.firsts[v]
-    row["rel_err"], row["cfg_err"] = errors(m.out[v], m.out[base], cfg.guidance)
+    if m.out:  # the first timed round's (none with errors_only)
+        row["rel_err"], row["cfg_err"] = errors(m.out[v], m.out[base], cfg.guidance)
+    else:
+        row["timing"] = "warm-up"
     if cfg.peaked != 1.0:
         row["peaked"] = cfg.peaked
         row["rel_err_peaked"], row["cfg_err_peaked"] = errors(
@@ -462,6 +483,8 @@ def _row(family: str, size: tuple[int, int], v: Variant, base: Variant, m: _Meas
         peaked = "_peaked" if cfg.peaked != 1.0 else ""
         row[f"rel_err{peaked}_photo"], row[f"cfg_err{peaked}_photo"] = errors(
             m.out_photo[v], m.out_photo[base], cfg.guidance)
+    if m.flops:
+        row["flops"], row["work_speedup"] = m.flops[v], m.flops[base] / m.flops[v]
     if v == base:
         row["vanilla_drift"] = m.drift
     row["peak_mem_mb"] = m.mem[v] / 2**20
@@ -586,8 +609,9 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
     from tqdm.auto import tqdm
 
     variants = cfg.resolve()
-    per_case = (len(variants) * (1 + cfg.repeats) + 1 + (len(variants) * len(cfg.compile_modes) if cfg.compile else 0)
-                + (len(variants) if cfg.content == "both" else 0) + (len(variants) if cfg.trace else 0))
+    per_case = (len(variants) * (1 + (0 if cfg.errors_only else cfg.repeats)) + (0 if cfg.errors_only else 1) + (len(variants) * len(cfg.compile_modes) if cfg.compile else 0)
+                + (len(variants) if cfg.content == "both" else 0) + (len(variants) if cfg.trace else 0)
+                + (len(variants) if cfg.flops else 0))
     n_forwards = sum(len(cfg.sizes_for(f)) for f in cfg.families) * per_case
     # no tqdm ETA: forwards differ in cost; the Clock's estimate (from measured warm-ups) is shown
     bar = tqdm(total=n_forwards, unit="fwd", disable=not progress_bar, dynamic_ncols=True,

@@ -18,6 +18,8 @@ SKIPPED_VALUE = "built-in token merging is on"
 MAX_DOWNSAMPLE_CHOICES = ("1", "2", "4", "8")
 DEFAULT_MODE = "default"  # the loaded model's own: merge on UNets, a transformer family's default (the catalogue's)
 MODE_CHOICES = (DEFAULT_MODE,) + MODES
+# The ratio slider's "the model's default": tomesd's 0.5 on UNets, a transformer family's in its mode (the catalogue's)
+MODEL_RATIO = -1.0
 KV_DOWNSAMPLE_CHOICES = KV_DOWNSAMPLES
 MATCHING_CHOICES = MATCHINGS
 SPEED_CHECK_CHOICES = SPEED_CHECKS
@@ -93,7 +95,7 @@ class WebUIArgs:
     """
 
     enabled: bool = False
-    ratio: float = ToMeConfig.ratio
+    ratio: float = MODEL_RATIO
     hr_ratio: float = ToMeConfig.ratio
     max_downsample: int = ToMeConfig.max_downsample
     sx: int = ToMeConfig.sx
@@ -130,10 +132,13 @@ class WebUIArgs:
         converted = {k: FIELD_BY_NAME[k].parse(v) for k, v in overrides.items()}
         return replace(self, enabled=True, **converted)
 
-    def with_model_mode(self, model_default: str) -> "WebUIArgs":
-        """These args with mode "default" resolved to the loaded model's default mode (the runner's ``start``, so
-        the infotext and the patch carry the mode that ran)."""
-        return replace(self, mode=model_default) if self.mode == DEFAULT_MODE else self
+    def with_model_defaults(self, model_mode: str, model_ratio: Callable[[str], float]) -> "WebUIArgs":
+        """These args with mode "default" resolved to the loaded model's default mode, and ratio -1 to its default
+        ratio in the mode that runs (``model_ratio(mode)``): the runner's ``start``, so the infotext and the patch
+        carry what ran."""
+        mode = model_mode if self.mode == DEFAULT_MODE else self.mode
+        ratio = model_ratio(mode) if self.ratio == MODEL_RATIO else self.ratio
+        return replace(self, mode=mode, ratio=ratio)
 
     def config(self, hires: bool = False) -> ToMeConfig:
         """The engine config of the first pass, or of the hires pass (its own ratio). A mode still "default" (no
@@ -141,6 +146,11 @@ class WebUIArgs:
         engine_fields = {f.name for f in fields(ToMeConfig)}
         values = {k: v for k, v in self.__dict__.items() if k in engine_fields}
         values["ratio"] = self.hr_ratio if hires else self.ratio
+        if values["ratio"] < 0 and values["ratio"] != MODEL_RATIO:
+            raise ValueError(f"ToMe: ratio = {values['ratio']:g}: use -1 for the model's default ratio, or 0 to 0.75 "
+                             "(0 = off).")
+        if values["ratio"] == MODEL_RATIO:  # not resolved by a model (the XYZ axes' checks): tomesd's
+            values["ratio"] = ToMeConfig.ratio
         if values["mode"] == DEFAULT_MODE:
             values["mode"] = ToMeConfig.mode
         return ToMeConfig(**values)

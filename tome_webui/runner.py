@@ -24,7 +24,7 @@ import tome_core
 from tome_core import ToMeConfig
 import tome_core.adapters.hooks.api
 from tome_core.adapters.model_patcher import neo
-from tome_core.adapters.model_patcher.plan import default_mode, plan_patch
+from tome_core.adapters.model_patcher.plan import default_mode, default_ratio, plan_patch
 from tome_core.adapters.model_patcher.unet import describe_patcher
 
 from .options import INFOTEXT_KEYS, LEVELS_KEY, SKIPPED_KEY, SKIPPED_VALUE, WebUIArgs
@@ -146,7 +146,11 @@ def start(p: Any, script_args: Sequence[Any]) -> Run | None:
             )
             p.extra_generation_params[SKIPPED_KEY] = SKIPPED_VALUE
             return None
-        args = args.with_model_mode(default_mode(p.sd_model.forge_objects.unet) if forge else "merge")
+        if forge:
+            unet = p.sd_model.forge_objects.unet
+            args = args.with_model_defaults(default_mode(unet), lambda mode: default_ratio(unet, mode))
+        else:
+            args = args.with_model_defaults("merge", lambda mode: ToMeConfig.ratio)
         run = Run(base=args.config(), hires=args.config(hires=True))
         check_model(p, run)
     except (TypeError, ValueError) as error:

@@ -8,14 +8,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .options import FIELD_BY_NAME, MAX_DOWNSAMPLE_CHOICES, WebUIArgs
+from .options import FIELD_BY_NAME, MAX_DOWNSAMPLE_CHOICES, MODEL_RATIO, WebUIArgs
 
 SECTION = ("tome", "ToMe")
 
 # (option key, WebUIArgs field, label)
 OPTIONS = (
     ("tome_default_enabled", "enabled", "Enable ToMe by default in txt2img and img2img"),
-    ("tome_default_ratio", "ratio", "Default ToMe ratio (fraction of tokens merged; 0.3-0.5 recommended)"),
+    ("tome_default_ratio", "ratio", "Default ToMe ratio (fraction of tokens merged; -1 = the model's default: 0.5 "
+                                   "on UNets, on transformers their family's)"),
     ("tome_default_hr_ratio", "hr_ratio", "Default ToMe ratio of the hires-fix pass (0 = no merging there)"),
     ("tome_default_max_downsample", "max_downsample",
      "Default ToMe max downsample (1 = only the first attention level; higher = deeper levels too)"),
@@ -28,7 +29,7 @@ def add_settings(shared: Any, gr: Any) -> None:
     ratio_slider = {"minimum": 0.0, "maximum": 0.75, "step": 0.05}
     components = {
         "enabled": (gr.Checkbox, None),
-        "ratio": (gr.Slider, ratio_slider),
+        "ratio": (gr.Slider, dict(ratio_slider, minimum=MODEL_RATIO)),
         "hr_ratio": (gr.Slider, ratio_slider),
         "max_downsample": (gr.Radio, {"choices": list(MAX_DOWNSAMPLE_CHOICES)}),
     }

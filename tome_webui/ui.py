@@ -10,14 +10,17 @@ import contextlib
 from typing import Any, Callable, Iterator
 
 from tome_core.catalogue.families import default_modes
+from tome_core.catalogue.quality import trade_summary
 
 from .options import (FIELDS, INFOTEXT_KEYS, KV_DOWNSAMPLE_CHOICES, MATCHING_CHOICES, MAX_DOWNSAMPLE_CHOICES,
-                      MODE_CHOICES, SPEED_CHECK_CHOICES, WebUIArgs, enabled_from_infotext)
+                      MODE_CHOICES, MODEL_RATIO, SPEED_CHECK_CHOICES, WebUIArgs, enabled_from_infotext)
 
 TITLE = "ToMe (token merging)"
 MODE_INFO = ("default: the model's own (merge on UNets; on transformers in Forge Neo the family's: "
              f"{default_modes()}). merge: merge and unmerge tokens (tomesd; transformers: fewer image tokens "
              "through whole blocks); kv: keep queries, downsample keys/values.")
+RATIO_INFO = ("Fraction of tokens merged. -1 = the model's default: 0.5 on UNets; on transformers (Forge Neo) their "
+              "family's, the fastest measured at or under tomesd's error. " + trade_summary())
 FORGE_MLP_NOTE = ("Merge MLP is not offered here: Forge's UNet patcher has no patch point around the "
                   "feed-forward (an API request that sets it is refused).")
 
@@ -44,9 +47,8 @@ def build(script: Any, is_img2img: bool, defaults: WebUIArgs, gr: Any, input_acc
     d = defaults
     with _enabled_accordion(gr, input_accordion, d.enabled, script.elem_id("enabled")) as enabled:
         with gr.Row():
-            ratio = gr.Slider(label="Ratio", minimum=0.0, maximum=0.75, step=0.05, value=d.ratio,
-                              elem_id=script.elem_id("ratio"),
-                              info="Fraction of tokens merged; 0.3-0.5 is a good trade of speed for detail.")
+            ratio = gr.Slider(label="Ratio", minimum=MODEL_RATIO, maximum=0.75, step=0.05, value=d.ratio,
+                              elem_id=script.elem_id("ratio"), info=RATIO_INFO)
             hr_ratio = gr.Slider(label="Hires ratio", minimum=0.0, maximum=0.75, step=0.05, value=d.hr_ratio,
                                  elem_id=script.elem_id("hr_ratio"), visible=not is_img2img,
                                  info="Ratio of the hires-fix pass (0 = no merging there).")

@@ -75,6 +75,7 @@ export function ditLines(lastRun, notes = []) {
   ];
   const [reduced, total] = lastRun.blocks ?? [];
   if (total > 0) lines.push(reduced === total ? `all ${total} blocks` : `blocks reduced: ${reduced} of ${total}`);
+  if (lastRun.quality) lines.push(lastRun.quality);  // the family's default and a higher ratio against tomesd's error
   return lines;
 }
 
@@ -88,7 +89,8 @@ export function infoLines(node, graph) {
   // a DiT: the run's notes (mode merge) or verdicts (WanVideoWrapper) after its plan
   if (lastRun?.family) return [...ditLines(lastRun, node.tomeLevels), ...(node.tomeLevels ?? [])];
   if (node.tomeNodeId === WANVIDEO_NODE_ID) {  // a WanVideoWrapper model: no UNet levels to draw before the run
-    return [`WanVideoWrapper: mode ${settings.mode ?? "merge"}, ratio ${settings.ratio ?? 0.5}; the plan is shown after the node runs`];
+    const ratio = settings.ratio === undefined || settings.ratio < 0 ? "Wan's default" : settings.ratio;
+    return [`WanVideoWrapper: mode ${settings.mode ?? "merge"}, ratio ${ratio}; the plan is shown after the node runs`];
   }
   const base = lastRun?.base_downsample ?? 1;
   const size = findLatentSize(node, graph);
@@ -142,6 +144,7 @@ export const extension = {
           this.tomeLastRun.ratio = Number(info.ratio) || 0;
           if (info.merge_attention) this.tomeLastRun.merge_attention = String(info.merge_attention);
           if (Array.isArray(info.blocks)) this.tomeLastRun.blocks = info.blocks.map(Number);
+          if (info.quality) this.tomeLastRun.quality = String(info.quality);
         }
       }
       this.setDirtyCanvas?.(true, false);

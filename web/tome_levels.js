@@ -27,8 +27,11 @@ export function kvPoolWindow(ratio, sx, sy) {
 
 // One row per attention level, from the model's first attention level (baseDownsample) to 8x.
 // width/height: image size in pixels (latent = /8); settings: the node's widget values.
+// A ratio of -1 is the widget's "the model's default": tomesd's 0.5 on a UNet (nodes/tome_nodes.py MODEL_DEFAULT).
+export const MODEL_DEFAULT = -1;
 export function tokenLevels(width, height, settings, baseDownsample = 1) {
   const s = { ...DEFAULTS, ...settings };
+  if (s.ratio === MODEL_DEFAULT) s.ratio = DEFAULTS.ratio;
   const latentH = Math.ceil(height / 8);
   const latentW = Math.ceil(width / 8);
   const rows = [];

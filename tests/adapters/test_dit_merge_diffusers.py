@@ -277,15 +277,25 @@ def test_group_offloading_composes():
 
 
 def test_without_a_mode_each_family_gets_its_default():
-    """apply_patch without ``mode``: the catalogue's default (Qwen-Image, Wan, Z-Image / Lumina 2, LTX-2 merge, Flux.1
-    and the others kv); UNets keep tomesd's merge (test_engine_diffusers)."""
+    """apply_patch without ``mode`` or ``ratio``: the catalogue's default mode and ratio (tome_core/catalogue/quality.json's
+    rule), the same output as both set by hand; without ``ratio`` in the other mode, tomesd's 0.5; UNets keep tomesd's
+    merge at 0.5 (test_engine_diffusers)."""
     from test_dit_diffusers import sd3
+    from tome_core.catalogue.families import BY_NAME
 
-    for make, expected in ((qwen_image, "merge"), (wan, "merge"), (z_image, "merge"), (lumina2, "merge"),
-                           (ltx2, "merge"), (flux, "kv"), (sd3, "kv")):
-        model, _, _ = make()
-        apply_patch(model, ratio=0.5)
-        assert model.__dict__[STATE_ATTR].config.mode == expected
+    for make, name in ((qwen_image, "qwen_image"), (wan, "wan"), (z_image, "z_image"), (lumina2, "z_image"),
+                       (ltx2, "ltx2"), (flux, "flux"), (sd3, "sd3")):
+        family = BY_NAME[name]
+        model, inputs, _ = make(batch=2)
+        apply_patch(model)
+        config = model.__dict__[STATE_ATTR].config
+        assert (config.mode, config.ratio) == (family.default_mode, family.default_ratio), name
+        by_default = run(model, inputs)
+        apply_patch(model, ratio=family.default_ratio, mode=family.default_mode)
+        assert torch.equal(run(model, inputs), by_default), name
+        other = "kv" if family.default_mode == "merge" else ("merge" if name != "sd3" else "kv")
+        apply_patch(model, mode=other)
+        assert model.__dict__[STATE_ATTR].config.ratio == family.ratio_for(other), name
 
 
 def test_wan_per_token_timesteps_follow_the_merged_tokens():

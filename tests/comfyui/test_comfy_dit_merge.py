@@ -199,17 +199,27 @@ def test_the_plan_describes_mode_merge(comfy):
     assert plan.attach() is not patcher
 
 
-def test_the_basic_node_uses_each_familys_default_mode(comfy, tome_package):
-    """The basic node has no mode input: Qwen-Image, Wan and Z-Image get merge (their catalogue default), Flux kv."""
+def test_the_basic_node_uses_each_familys_default_mode_and_ratio(comfy, tome_package):
+    """The basic node has no mode input: each family gets its catalogue default mode; ratio -1 (the widget's default)
+    is the family's default ratio in that mode, the same patch as that ratio set by hand; an explicit ratio is kept
+    as it is; any other negative ratio is refused naming -1."""
     from test_comfy_dit import _node_classes
+    from tome_core.catalogue.families import BY_NAME
 
     tome_nodes = _node_classes(tome_package)
-    for make, expected in ((FAMILIES["qwen_image"], "merge"), (FAMILIES["wan"], "merge"),
-                           (FAMILIES["z_image"], "merge"), (FAMILIES["flux"], "kv")):
-        patcher, latent, cond, _ = make(comfy)
-        out = tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)
-        assert out["ui"]["tome"][0]["mode"] == expected
-        assert torch.isfinite(sample(comfy, out["result"][0], latent, cond, steps=1)).all()
+    for name in ("qwen_image", "wan", "z_image", "flux"):
+        family = BY_NAME[name]
+        patcher, latent, cond, _ = FAMILIES[name](comfy)
+        out = tome_nodes.ToMe().patch(patcher, ratio=-1.0, max_downsample=1)
+        info = out["ui"]["tome"][0]
+        assert (info["mode"], info["ratio"]) == (family.default_mode, family.default_ratio)
+        by_hand = tome_nodes.ToMe().patch(patcher, ratio=family.default_ratio, max_downsample=1)
+        assert {k: v for k, v in by_hand["ui"]["tome"][0].items()} == info
+        assert torch.equal(sample(comfy, out["result"][0], latent, cond, steps=1),
+                           sample(comfy, by_hand["result"][0], latent, cond, steps=1))
+        assert tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)["ui"]["tome"][0]["ratio"] == 0.5
+    with pytest.raises(ValueError, match="use -1 for the model's default ratio"):
+        tome_nodes.ToMe().patch(patcher, ratio=-0.5, max_downsample=1)
 
 
 def test_another_nodes_attention_override_acts_on_the_merged_tokens(comfy):

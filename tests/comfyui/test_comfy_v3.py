@@ -72,7 +72,7 @@ def test_object_info_serves_the_registration_of_this_host(comfy):
     assert list(adv["input"]["optional"]) == ["kv_downsample", "block_start", "block_end", "matching", "speed_check",
                                                    "match_every"]
     ratio = adv["input"]["required"]["ratio"][1]
-    assert (ratio["default"], ratio["min"], ratio["max"], ratio["step"]) == (0.5, 0.0, 0.98, 0.01)
+    assert (ratio["default"], ratio["min"], ratio["max"], ratio["step"]) == (-1.0, -1.0, 0.98, 0.01)  # -1: the model's
     assert basic["input"]["required"]["ratio"][1]["max"] == 0.75
     seed = adv["input"]["required"]["tome_seed"][1]
     assert (seed["default"], seed["min"], seed["max"], seed["control_after_generate"]) == (0, 0, 0xFFFFFFFF, False)
@@ -159,7 +159,7 @@ def test_v3_node_draws_the_same_image_as_the_v1_node(twin_server, plain_image, t
 
 BASIC_CASES = [
     ({"ratio": 0.9, "max_downsample": 1}, {"ratio"}),
-    ({"ratio": -0.1, "max_downsample": 1}, {"ratio"}),
+    ({"ratio": -1.5, "max_downsample": 1}, {"ratio"}),  # below -1 (the model's default); -0.1 is refused when it runs
     ({"ratio": 0.5, "max_downsample": 3}, {"max_downsample"}),
     ({"ratio": 0.5, "max_downsample": 9}, {"max_downsample"}),
 ]

@@ -129,7 +129,7 @@ def test_composes_with_self_attention_guidance(comfy, baseline):
 # Rules across inputs are refused when the node runs, naming their inputs: test_comfy_validation.py.
 @pytest.mark.parametrize("tome, field", [
     ({"class_type": "TomeCoreToMe", "inputs": {"ratio": 0.9, "max_downsample": 1}}, "ratio"),
-    ({"class_type": "TomeCoreToMe", "inputs": {"ratio": -0.1, "max_downsample": 1}}, "ratio"),
+    ({"class_type": "TomeCoreToMe", "inputs": {"ratio": -1.5, "max_downsample": 1}}, "ratio"),
     ({"class_type": "TomeCoreToMe", "inputs": {"ratio": 0.5, "max_downsample": 3}}, "max_downsample"),
     (advanced(mode="average"), "mode"),
     (advanced(sx=9), "sx"),
@@ -142,6 +142,19 @@ def test_bad_widget_values_fail_validation_naming_the_input(comfy, checkpoint, t
     assert list(node_errors) == ["10"] and node_errors["10"]["class_type"] == tome["class_type"]
     text = " ".join(f"{e['message']} {e['details']}" for e in node_errors["10"]["errors"])
     assert field in text, text
+
+
+def test_ratio_minus_one_is_tomesds_half_on_a_unet_and_another_negative_stops_the_run(comfy, checkpoint):
+    """The ratio widget's -1 (its default, "the model's"): tomesd's 0.5 on a UNet, the same image through /prompt; a
+    negative ratio other than -1 passes the widget's range and is refused when the node runs, naming ratio and -1."""
+    minus_one = {"class_type": "TomeCoreToMe", "inputs": {"ratio": -1.0, "max_downsample": 1}}
+    assert np.array_equal(run_image(comfy, api_prompt(minus_one, prefix="minus_one")),
+                          run_image(comfy, api_prompt(BASIC, prefix="half")))
+    result = comfy.run(api_prompt({"class_type": "TomeCoreToMe", "inputs": {"ratio": -0.1, "max_downsample": 1}},
+                                  prefix="negative"))
+    assert not result.success and not result.images
+    error = result.error_message()
+    assert error["node_id"] == "10" and "ratio = -0.1: use -1 for the model's default" in error["exception_message"]
 
 
 def test_unsupported_model_is_an_execution_error_naming_the_model(comfy, checkpoint):

@@ -169,6 +169,27 @@ def test_mode_default_runs_the_familys_default_and_the_infotext_says_which(scrip
     assert torch.equal(chosen.images[0], explicit.images[0])
 
 
+@pytest.mark.parametrize("family", TRANSFORMERS)
+def test_ratio_minus_one_runs_the_familys_default_ratio_and_the_infotext_says_which(script, host, neo, patchers,
+                                                                                      family):
+    """The slider's -1 (its default): the family's default ratio in the mode that runs (the catalogue's), written to
+    the infotext, the same image as that ratio set by hand; in the family's other mode tomesd's 0.5."""
+    from tome_core.catalogue.families import BY_NAME
+
+    entry = BY_NAME[family]
+    mode = entry.mode_for("merge" in neo_modes(family))
+    chosen, p = neo_run(host, script, patchers, family, script_args(ratio=-1, speed_check="off"), steps=2)
+    explicit, _ = neo_run(host, script, patchers, family,
+                          script_args(ratio=entry.ratio_for(mode), mode=mode, speed_check="off"), steps=2)
+    assert state_of_run(p).config.ratio == entry.ratio_for(mode)
+    assert f"ToMe ratio: {entry.ratio_for(mode):g}" in chosen.info and f"ToMe mode: {mode}" in chosen.info
+    assert torch.equal(chosen.images[0], explicit.images[0])
+    if "merge" in neo_modes(family):
+        other = "kv" if mode == "merge" else "merge"
+        _, p = neo_run(host, script, patchers, family, script_args(ratio=-1, mode=other, speed_check="off"), steps=2)
+        assert state_of_run(p).config.ratio == entry.ratio_for(other) == 0.5
+
+
 @pytest.mark.parametrize("family, name", [("svdq_flux", "SVDQFluxTransformer2DModel"),
                                           ("nunchaku_qwen", "NunchakuQwenImageTransformer2DModel")])
 def test_nunchaku_classes_are_refused_by_name_before_sampling(script, host, neo, patchers, family, name):

@@ -22,7 +22,7 @@ from webui_helpers import make_p, script_args
 
 BAD_VALUES = {  # field -> (value as the API sends it, what the message must say)
     "ratio=5": ({"ratio": 5}, "ratio must be in"),
-    "ratio=-1": ({"ratio": -1}, "ratio must be in"),
+    "ratio=-0.5": ({"ratio": -0.5}, "use -1 for the model's default ratio"),  # -1 itself is the default
     "max_downsample=3": ({"max_downsample": 3}, "max_downsample"),
     "ratio='abc'": ({"ratio": "abc"}, "ToMe: ratio must be a number, got 'abc'"),
     "sx='two'": ({"sx": "two"}, "ToMe: sx must be a whole number, got 'two'"),
@@ -100,6 +100,14 @@ def test_a_good_api_request_gives_an_image_with_tome_in_the_infotext(script, hos
     assert status == 200 and body["images"] and "ToMe ratio: 0.4" in body["info"]
     status, body = wd.api_txt2img(sd_model, host.opts, [script], {"alwayson_scripts": {"NoSuch": {"args": []}}})
     assert status == 422 and body["detail"] == "Script 'NoSuch' not found" and body["error"] == "HTTPException"
+
+
+def test_ratio_minus_one_is_tomesds_half_on_a_unet(script, host, sd_model):
+    """The slider's -1 (its default) on an A1111 UNet: tomesd's 0.5, written as such, the same image."""
+    status, body = wd.api_txt2img(sd_model, host.opts, [script], api_request(ratio=-1))
+    status_half, body_half = wd.api_txt2img(sd_model, host.opts, [script], api_request(ratio=0.5))
+    assert status == status_half == 200 and "ToMe ratio: 0.5" in body["info"]
+    assert all(torch.equal(a, b) for a, b in zip(body["images"], body_half["images"])) and body["images"]
 
 
 def make_img2img_p(model, host, script, args):

@@ -59,7 +59,7 @@ def test_ui_controls_follow_the_documented_api_argument_order(script):
     assert labels[:4] == ["ToMe (token merging)", "Ratio", "Hires ratio", "Max downsample"]
     assert len(script.controls) == len(FIELDS) == 19
     values = [c.value for c in script.controls]
-    assert values == [False, 0.5, 0.5, "1", 2, 2, True, 0, "default", True, False, False, 0.0, 1.0, 0, "nearest",
+    assert values == [False, -1.0, 0.5, "1", 2, 2, True, 0, "default", True, False, False, 0.0, 1.0, 0, "nearest",
                       "level", "auto", 1]
     doc = open(os.path.join(REPO, "docs", "WEBUI.md"), encoding="utf-8").read()
     documented = re.findall(r"^\| (\d+) \| `(\w+)` \|", doc, flags=re.M)

@@ -61,7 +61,7 @@ FAMILIES = ("flux", "qwen_image", "z_image", "wan", "ltx2")
 NATIVE = {"flux": (1024, 1024, 1), "qwen_image": (1328, 1328, 1), "z_image": (1024, 1024, 1),
           "wan": (480, 832, 33), "ltx2": (512, 768, 33)}
 QUICK = {"flux": (512, 512, 1), "qwen_image": (512, 512, 1), "z_image": (512, 512, 1), "wan": (320, 480, 13),
-         "ltx2": (512, 768, 25)}
+         "ltx2": (512, 768, 25), "sd3": (512, 512, 1)}  # sd3: kv only (the frontier's --modes kv)
 TINY = {"flux": (64, 64, 1), "qwen_image": (64, 64, 1), "z_image": (64, 64, 1), "wan": (64, 64, 5),
         "ltx2": (128, 128, 9)}
 VARIANTS = ("merge", "prop", "bal", "soft", "medoid", "prop+medoid", "bal+medoid", "prop+soft+medoid", "kv")

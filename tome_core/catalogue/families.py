@@ -31,6 +31,7 @@ from .wanvideo import WANVIDEO_WRAPPER, WanVideoDiT
 # table on axis 1, Wan 2.2 ti2v's per-token timestep; VACE's vace_blocks run whole (called without replace patches;
 # their hints are added to the full stream after a merged block).
 WAN_MERGE = ComfyMerge(pe_axis=1, per_token=("vec",), replace=(("blocks", "double_block"),), lists=("blocks",))
+TOMESD_RATIO = 0.5  # tomesd's default, and ToMe's on UNets and where a family has no measured default
 UNET_FAMILIES = ("SD1.x", "SD2.x", "SDXL (and SSD-1B, Playground v2, ...)")
 NEO = "backend.nn."  # Forge Neo's own model code (backend/nn/*.py)
 # What a Neo class's forward_orig must hold for ToMe's patches to reach its blocks: the "dit" block replace patches
@@ -54,6 +55,9 @@ class ModelFamily:
     merge_attention: how mode merge's blocks weigh the merged keys where ``ToMeConfig.merge_attention`` is None
         (``token_merge.key_bias``): the lowest error measured at equal tokens (docs/TRANSFORMERS.md, "How merged
         tokens are used").
+    default_ratio: the ratio used with ``default_mode`` where none is asked for (``ratio_for``); with
+        ``default_mode``, the frontier's rule on its deepest CPU run (``tome_core.catalogue.quality``: the fastest
+        setting at or under tomesd's error on SD1.5; tests/test_quality.py checks the two agree).
     """
 
     name: str
@@ -66,6 +70,7 @@ class ModelFamily:
     wanvideo: Tuple[WanVideoDiT, ...] = ()
     merge_attention: str = "plain"
     neo: Tuple[NeoDiT, ...] = ()
+    default_ratio: float = TOMESD_RATIO
 
     @property
     def bindings(self) -> tuple:
@@ -76,7 +81,14 @@ class ModelFamily:
         """The mode used where none is asked for, on a class that does (``merges``) or does not take mode merge."""
         return "merge" if self.default_mode == "merge" and merges else "kv"
 
+    def ratio_for(self, mode: str) -> float:
+        """The ratio used where none is asked for, in ``mode``: ``default_ratio`` in the family's default mode,
+        tomesd's 0.5 in the other (not measured as a default)."""
+        return self.default_ratio if mode == self.default_mode else TOMESD_RATIO
+
     def __post_init__(self) -> None:
+        if not 0.0 < self.default_ratio <= 0.75:  # 0.75: the most the default 2x2 cells remove
+            raise ValueError(f"ToMe: family {self.name}: default_ratio {self.default_ratio} must be in (0, 0.75].")
         merges = any(b.merge is not None for b in self.bindings)
         if self.default_mode not in ("kv", "merge") or (self.default_mode == "merge" and not merges):
             raise ValueError(f"ToMe: family {self.name}: default_mode {self.default_mode!r} needs merge bindings.")
@@ -191,7 +203,10 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
     ),
     ModelFamily(
         'z_image', 'Z-Image / Lumina 2', grid_dims=2, native_px=(1024, 1024), default_mode="merge",
-        # mode merge by default: at r=0.5 on the CPU (Z-Image 1024², bf16, --blocks 2) 2.36x at cfg err peaked 0.63
+        # default merge 0.025 by the frontier's rule (docs/results/frontier_deep_cpu.json, 8 blocks): no setting holds
+        # tomesd's error and saves work (merge 0.05: 0.240 noise; kv 0.5: 0.400), so the one closest under it.
+        default_ratio=0.025,
+        # earlier: at r=0.5 on the CPU (Z-Image 1024², bf16, --blocks 2) 2.36x at cfg err peaked 0.63
         # against kv's 1.06x at 0.30 (0.46 against 5.1 per unit of speed-up)
         diffusers=(
             # Lumina 2 and Z-Image: the refiners see the caption or the image alone; the main layers the joint
@@ -559,7 +574,9 @@ def markdown_list() -> str:
         merging = [label for label, bindings in held if any(binding.merge is not None for binding in bindings)]
         only = "" if merging == hosts else f" in {_joined(merging)}"
         weighed = "" if family.merge_attention == "plain" else f" with {family.merge_attention} attention"
-        modes = f"modes kv and merge{only}, default {family.default_mode}{weighed}" if merging else "mode kv"
+        ratio = f" {family.default_ratio:g}"
+        modes = (f"modes kv and merge{only}, default {family.default_mode}{ratio}{weighed}" if merging
+                 else "mode kv" + ("" if family.default_ratio == TOMESD_RATIO else f", default ratio{ratio}"))
         lines.append(f"- {family.title} (`{family.name}`, {modes}): {_joined(hosts)}")
     return "\n".join(lines) + "\n"
 

@@ -177,6 +177,10 @@ test("the WanVideoWrapper node draws its mode before a run and the plan after it
   const empty = { links: {}, getNodeById: () => undefined };
   assert.deepEqual(module.infoLines(node, empty),
     ["WanVideoWrapper: mode kv, ratio 0.5; the plan is shown after the node runs"]);
+  node.widgets[0].value = -1;  // the widget's "the model's default"
+  assert.deepEqual(module.infoLines(node, empty),
+    ["WanVideoWrapper: mode kv, ratio Wan's default; the plan is shown after the node runs"]);
+  node.widgets[0].value = 0.5;
   node.onExecuted({ tome: [{ model_type: "ComfyUI-WanVideoWrapper WanModel", family: "wan", mode: "kv", ratio: 0.5,
                              kv_window: [1, 1, 2], blocks: [30, 30] }] });
   assert.deepEqual(module.infoLines(node, empty), ["ComfyUI-WanVideoWrapper WanModel (wan): mode kv on image tokens",
@@ -184,4 +188,14 @@ test("the WanVideoWrapper node draws its mode before a run and the plan after it
   const verdict = "21x30x52 video tokens, batch 1: reduced: the model call with kv measured 1.17x on cuda:0 (NVIDIA H200)";
   node.tomeLevels = [verdict];  // what onLevels puts there when the server sends the verdict (tome.levels)
   assert.equal(module.infoLines(node, empty).at(-1), verdict);
+});
+
+test("a transformer's run draws its family's quality line; ratio -1 draws a UNet's levels at tomesd's 0.5", async () => {
+  const { module } = await loadExtension();
+  const quality = "Wan: default merge 0.5 (0.2x tomesd's error); merge 0.625: 0.25x";
+  const lines = module.ditLines({ model_type: "WAN21", family: "wan", mode: "merge", ratio: 0.5, blocks: [2, 2],
+                                  quality });
+  assert.equal(lines.at(-1), quality);
+  const levels = await import(pathToFileURL(join(WEB, "tome_levels.js")));
+  assert.deepEqual(levels.tokenLevels(512, 512, { ratio: -1 }), levels.tokenLevels(512, 512, { ratio: 0.5 }));
 });

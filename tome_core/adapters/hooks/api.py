@@ -9,7 +9,8 @@ from . import dit as diffusers_dit
 from .context_parallel import context_slices, refuse as refuse_split
 from .switched import refuse_fullgraph
 from .unet import STATE_ATTR, check_partners, install, uninstall
-from ...catalogue.families import family_of_binding
+from ...catalogue.families import TOMESD_RATIO, family_of_binding, short_title
+from ...catalogue.quality import trade
 from ...catalogue.unets import attention_base_downsample
 from .targets import SUPPORTED, find_unets, patched_modules
 
@@ -18,7 +19,7 @@ Model = TypeVar("Model")
 
 def apply_patch(
     model: Model,
-    ratio: float = 0.5,
+    ratio: Optional[float] = None,
     max_downsample: int = 1,
     sx: int = 2,
     sy: int = 2,
@@ -52,6 +53,9 @@ def apply_patch(
     LTX-2 mode "merge" too (fewer image tokens through whole blocks; ``tome_core.engine.token_merge``). mode None:
     "merge" on UNets (tomesd's), the family's default on DiTs (kv; merge on Qwen-Image, Z-Image / Lumina 2, Wan,
     LTX-2), kv on a DiT under context parallelism (docs/DIFFUSERS.md, "Past one GPU").
+    ratio None: tomesd's 0.5 on UNets; on a DiT its family's default ratio in the family's default mode
+    (``ModelFamily.default_ratio``: the fastest setting at or under tomesd's error on SD1.5, measured; 0.5 in the
+    other mode; ``tome_core.catalogue.quality`` says what the default and a higher ratio cost).
     block_start/block_end pick the share of their blocks, in depth order, that is reduced (block_start None: the
     model's default, on Flux its single blocks); UNets refuse a range (max_downsample picks their levels).
     merge_attention (DiT mode merge): how attention in a merged block weighs the merged keys: "plain" (each as one
@@ -67,12 +71,15 @@ def apply_patch(
     says what was decided.
     Applying again replaces the previous patch. Bad values raise before anything is patched.
     """
-    if mode is None:  # tomesd's merge on UNets; a DiT family's own default (catalogue: kv, merge on Qwen-Image)
+    if mode is None or ratio is None:  # tomesd's merge and 0.5 on UNets; a DiT family's own defaults (catalogue)
         dit = diffusers_dit.find_dit(model)
         binding = diffusers_dit.family_of(dit) if dit is not None else None
-        # under context parallelism only kv follows the split (context_parallel.py): the family's mode there
-        merges = binding is not None and binding.merge is not None and context_slices(dit) is None
-        mode = family_of_binding(binding).mode_for(merges) if binding is not None else "merge"
+        family = family_of_binding(binding) if binding is not None else None
+        if mode is None:  # under context parallelism only kv follows the split (context_parallel.py)
+            merges = binding is not None and binding.merge is not None and context_slices(dit) is None
+            mode = family.mode_for(merges) if family is not None else "merge"
+        if ratio is None:
+            ratio = family.ratio_for(mode) if family is not None else TOMESD_RATIO
     config = ToMeConfig(
         ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, kv_downsample=kv_downsample,
@@ -161,7 +168,10 @@ def describe(model: object) -> str:
         head = f"ToMe {config.mode} r={config.ratio:g} on {type(dits[0]).__name__}: {len(state.modules)} {what}"
         if config.mode == "merge":
             head += f", {ATTENTION_WORDS[state.attention]}"
-        return "\n".join(state.describe(head))
+        lines = state.describe(head)
+        family = family_of_binding(state.family)
+        said = trade(family.name, short_title(family)) if family is not None else None
+        return "\n".join(lines + ([said + "."] if said else []))
     return "ToMe is not applied to this model."
 
 

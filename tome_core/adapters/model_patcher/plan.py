@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from ...catalogue.comfy_lookup import ComfyModel
+from ...catalogue.families import TOMESD_RATIO, short_title
+from ...catalogue.quality import trade
 from ...engine.config import ToMeConfig
 from ...engine.kv import window_for_dims
 from .dit import check_dit_model_patcher, patch_dit_model_patcher, resolve_dit
@@ -47,6 +49,13 @@ def default_mode(patcher: Any) -> str:
     return "merge" if dit is None else dit.family.mode_for(dit.merges)
 
 
+def default_ratio(patcher: Any, mode: str) -> float:
+    """The ratio used where none is asked for, in ``mode``: the DiT family's (``ModelFamily.ratio_for``), tomesd's
+    0.5 on UNets."""
+    dit = resolve(patcher).dit
+    return TOMESD_RATIO if dit is None else dit.family.ratio_for(mode)
+
+
 @dataclass(frozen=True)
 class PatchPlan:
     """A validated patch: ``description`` (what the node shows) and ``attach`` (the patched clone)."""
@@ -71,8 +80,9 @@ def plan_patch(patcher: Any, config: ToMeConfig) -> PatchPlan:
     description = dict(config.as_dict(), kind="dit", base_downsample=1, model_type=model_type, family=family.name,
                        title=family.title, kv_window=list(kv_window),
                        blocks=[count if chosen is None else sum(chosen), count],
-                       merge_attention=family.attention_for(config) if config.mode == "merge" else None)
+                       merge_attention=family.attention_for(config) if config.mode == "merge" else None,
+                       quality=trade(family.name, short_title(family)))
     return PatchPlan("dit", description, lambda: patch_dit_model_patcher(patcher, config, dit, (chosen,)))
 
 
-__all__ = ["PatchPlan", "ResolvedModel", "base_downsample_of", "default_mode", "is_dit", "plan_patch", "resolve"]
+__all__ = ["PatchPlan", "ResolvedModel", "base_downsample_of", "default_mode", "default_ratio", "is_dit", "plan_patch", "resolve"]
