@@ -53,11 +53,11 @@ def test_the_trade_sentences_read_the_summary():
         text = quality.trade(name)
         default = entry["default"]
         times = max(default["errors"][c] / yard[c] for c in ("noise", "photo"))
-        assert f"default {default['mode']} {default['ratio']:g} ({times:.2g}x tomesd's error)" in text
+        assert f"default {default['mode']} {default['ratio']:g} ({times:.2f}x tomesd's error)" in text
         assert ("Loses quality fast" in text) == (not default["holds_and_saves"]) == quality.loses_quality_fast(name)
         more = quality.higher(name)
         if more is not None:
-            assert f"{more['mode']} {more['ratio']:g}: {max(more['errors'][c] / yard[c] for c in yard if c in more['errors']):.2g}x" in text
+            assert f"{more['mode']} {more['ratio']:g}: {max(more['errors'][c] / yard[c] for c in ('noise', 'photo')):.2f}x" in text
     assert quality.trade("not_a_family") is None
 
 

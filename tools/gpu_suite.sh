@@ -27,7 +27,7 @@
 #                  here 2-3 rounds, 1024² first)
 #   sdxl       80  SDXL 1024² the same (b9681bc reached no SDXL row: it came last; its CPU build takes ~20 s)
 #   frontier  rest python -m tome_bench.experiments.frontier --device cuda --depth released: the yardstick, then each
-#                  merging family at 4 ratios (it writes frontier.json after each family)
+#                  merging family, merge at 6 ratios and kv at 2, counted work beside (it writes frontier.json after each family)
 # Stage 2 (240 s):
 #   comfy-cg  100  python -m tome_core bench --host comfyui: SD1.5 and SDXL 1024² in ComfyUI's own UNet classes, the
 #                  ToMe node (its defaults, merge, kv) through ModelPatcher, eager, then each compiled as ComfyUI's
@@ -135,7 +135,7 @@ else
              --methods vanilla,merge-auto,merge-level,kv@0.75,tomesd)
   sdxl_args=(--families sdxl --res 1024 --dtype fp16 --repeats 2 --max-repeats 3 --methods
              vanilla,merge-auto,merge-level,kv@0.75,tomesd)
-  frontier_args=(--device cuda --depth released --no-progress)
+  frontier_args=(--device cuda --depth released --modes merge,kv --flops --no-progress)
   comfy=("${bench[@]}" --host comfyui --repeats 1 --max-repeats 2)
   comfy_unet=(--families sd15,sdxl --res 1024 --dtype fp16)
   comfy_dit=(--families flux,qwen_image --blocks 2 --dtype bf16 --methods vanilla,merge)

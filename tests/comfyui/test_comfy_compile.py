@@ -209,7 +209,7 @@ def sample_flux(comfy, patcher, latent, cond) -> torch.Tensor:
 def test_flux_tome_then_compile_is_one_graph_matching_eager(comfy, compile_node, tome_nodes):
     """A DiT in kv: ToMe's per-call work runs in its APPLY_MODEL wrapper, outside the compiled module."""
     patcher, latent, cond = flux(comfy)
-    patched = tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)["result"][0]
+    patched = tome(tome_nodes, patcher, "kv")
     eager = sample_flux(comfy, patched, latent, cond)
     compiled, calls = counted(compile_node(patched))
     result = sample_flux(comfy, compiled, latent, cond)
@@ -220,10 +220,10 @@ def test_flux_tome_then_compile_is_one_graph_matching_eager(comfy, compile_node,
 
 
 def test_flux_compile_then_tome(comfy, compile_node, tome_nodes):
-    """TorchCompileModel's wrapper, added first, runs outside ToMe's: ToMe sees the OptimizedModule."""
+    """TorchCompileModel's wrapper, added first, runs outside ToMe's: ToMe sees the OptimizedModule (mode kv)."""
     patcher, latent, cond = flux(comfy)
-    compiled, calls = counted(tome_nodes.ToMe().patch(compile_node(patcher), ratio=0.5, max_downsample=1)["result"][0])
-    patched = tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)["result"][0]
+    compiled, calls = counted(tome(tome_nodes, compile_node(patcher), "kv"))
+    patched = tome(tome_nodes, patcher, "kv")
     assert rel(sample_flux(comfy, compiled, latent, cond), sample_flux(comfy, patched, latent, cond)) < TOLERANCE
     assert calls == [ONE_GRAPH] * 3, (calls, break_report())
 

@@ -15,6 +15,7 @@ import torch
 
 import comfy_env
 
+from tome_core.catalogue.families import BY_NAME
 from tome_core.engine.config import ToMeConfig
 from tome_core.adapters.model_patcher.dit import OVERRIDE, has_image_only_attention, patch_dit_model_patcher
 
@@ -261,16 +262,16 @@ def _node_classes(tome_package):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_basic_node_patches_a_dit_in_kv_and_matches_the_engine(comfy, tome_package, family):
+def test_the_basic_node_patches_a_dit_in_its_default_mode_and_matches_the_engine(comfy, tome_package, family):
     """The same node id that speeds up UNets takes Flux/SD3/Wan: the family's default mode (the basic node has no mode
-    input: kv, merge on Wan), the image equals patch_dit_model_patcher's at the same settings, the input MODEL is
-    unchanged."""
+    input: the catalogue's, merge on Flux and Wan, kv on SD3), the image equals patch_dit_model_patcher's at the same
+    settings, the input MODEL is unchanged."""
     tome_nodes = _node_classes(tome_package)
     patcher, latent, cond, _ = FAMILIES[family](comfy)
     expected = sample(comfy, patcher, latent, cond)
     result = tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)
     patched, info = result["result"][0], result["ui"]["tome"][0]
-    mode = "merge" if family == "wan" else "kv"
+    mode = BY_NAME[family].default_mode
     assert info["family"] == family and info["mode"] == mode and bool(info["kv_window"]) == (mode == "kv")
     engine = patch_dit_model_patcher(patcher, ToMeConfig(ratio=0.5, mode=mode))
     image = sample(comfy, patched, latent, cond)

@@ -365,9 +365,12 @@ def combine(out: Path, paths: Sequence[Path]) -> dict:
         raise ValueError(f"{', '.join(map(str, paths))}: their yardsticks differ; combine runs of one yardstick")
     first = results[0]
     combined = {k: v for k, v in first.items() if k not in ("rows", "frontier", "command", "yardstick_rows")}
-    combined["runs"] = [{"file": Path(p).name, "command": r["command"], "commit": r.get("commit"),
+    combined["runs"] = [{"file": f"{Path(p).parent.name}/{Path(p).name}", "command": r["command"], "commit": r.get("commit"),
                          "complete": r["complete"], "wall_s": r["environment"].get("wall_s"),
                          "settings": r["settings"]} for p, r in zip(paths, results)]
+    commits = [r.get("commit") or "" for r in results]  # the newest run's code, "+dirty" said apart
+    combined["commit"] = commits[-1].split("+")[0]
+    combined["dirty"] = any(c.endswith("+dirty") for c in commits)
     combined["complete"] = all(r["complete"] for r in results)
     combined["rows"] = [row for r in results for row in r["rows"]]
     combined["frontier"] = frontier(combined["rows"], combined["yardstick"])
@@ -389,10 +392,10 @@ def quality_summary(result: dict, source: str) -> dict:
                             "settings": [{"mode": r["method"], "ratio": r["ratio"], "errors": errors_of(r),
                                           "speedup": r.get("speedup"), "work_speedup": r.get("work_speedup")}
                                          for r in case]}
-    yard = result["yardstick"]
+    yard, device = result["yardstick"], result["device"].split(" (")[0]
     return {"source": source, "commit": result.get("commit"), "device": result["device"],
-            "where": f"{result['settings']['dtype']} on {result['device'].split(' (')[0]}, each family at its deepest "
-                     f"run, cfg err peaked on noise and a photo; {source}",
+            "where": f"{result['settings']['dtype']} on {'the CPU' if device == 'cpu' else device}, each family at its "
+                     f"deepest run, cfg err peaked on noise and a photo; {source}",
             "yardstick": {"what": yard["what"], "noise": yard["noise"], "photo": yard["photo"]},
             "saves": SAVES, "families": families}
 

@@ -237,8 +237,9 @@ def defaults_table(result: dict) -> str:
             continue
         verdict = " / ".join("yes" if cell[k] <= yard[k] else f"no (+{cell[k] - yard[k]:.2f})" for k in ("noise", "photo"))
         name = {"merge": "merge r=0.5", "bal": "merge r=0.5, balanced", "prop": "merge r=0.5, proportional"}[variant]
-        if BY_NAME[family].default_mode != "merge":
-            name += f" (its default is {BY_NAME[family].default_mode})"
+        default = BY_NAME[family]
+        if (default.default_mode, default.default_ratio) != ("merge", 0.5):  # the catalogue's (the frontier's rule)
+            name += f" (its default: {default.default_mode} {default.default_ratio:g})"
         out.append(f"| {_NAMES[family]} {size} | {name} | {cell['noise']:.3f} / {cell['photo']:.3f} | "
                    f"{yard['noise']:.3f} / {yard['photo']:.3f} | {verdict} |")
     return "\n".join(out)

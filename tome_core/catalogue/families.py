@@ -104,6 +104,10 @@ class ModelFamily:
 CATALOGUE: Tuple[ModelFamily, ...] = (
     ModelFamily(
         'flux', 'Flux (Flux.1 with Kontext and Krea, Flux.2, LongCat-Image)', grid_dims=2, native_px=(1024, 1024),
+        # default merge 0.2 (its single blocks) by the frontier's rule (docs/results/frontier_deep_cpu.json, 4+8
+        # blocks): the fastest setting at or under tomesd's error that saves work (0.189 / 0.124 noise / photo, 1.10x
+        # less work); merge 0.3 passes it (0.237), kv saves under 3 % of the work at any ratio. Was kv 0.5.
+        default_mode="merge", default_ratio=0.2,
         diffusers=(
             DiffusersDiT("flux", (TRANSFORMERS + "transformer_flux.FluxTransformer2DModel",), "first", FLUX_BLOCKS,
                          readers.flux_ids(4), Timestep(3, "timestep", 1.0),
@@ -152,11 +156,12 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
                    reports_blocks=True, attention=(NEO + "flux.attention_function",), blocks_reached_by=NEO_REPLACED),
         ),
     ),
-    # Qwen-Image: mode merge by default: at ratio 0.5 on the CPU 2.01x at cfg err peaked 0.364 against kv's 1.16x
-    # at 0.140 (0.36 against 0.88 error per unit of speed-up); Flux stays on kv (a tie there: 0.415 against 0.41).
+    # Qwen-Image: default merge 0.025 by the frontier's rule (docs/results/frontier_deep_cpu.json, 8 blocks): no
+    # setting holds tomesd's error and saves work (merge 0.05: 0.296 noise; kv 0.5: 0.495), so the one closest under
+    # it. Earlier: at ratio 0.5 on the CPU 2.01x at cfg err peaked 0.364 against kv's 1.16x at 0.140 (2 blocks).
     ModelFamily(
         'qwen_image', 'Qwen-Image (2512, Edit 2509/2511)', grid_dims=2, native_px=(1328, 1328), default_mode="merge",
-        merge_attention="balanced",
+        merge_attention="balanced", default_ratio=0.025,
         diffusers=(
             DiffusersDiT("qwen_image", (TRANSFORMERS + "transformer_qwenimage.QwenImageTransformer2DModel",), "first",
                          (BlockList("transformer_blocks", (("attn", "joint"),)),), readers.qwen_tokens, Timestep(3,
@@ -241,9 +246,10 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
     ),
     ModelFamily(
         'wan', 'Wan 2.x (t2v, i2v, flf2v, ti2v, Fun, Phantom, VACE, Animate, HuMo, S2V, SCAIL, WanDancer)',
-        # mode merge by default where its classes take it (all but ComfyUI's HumoWanModel): at r=0.5 on
-        # the CPU 2.01x at cfg err peaked 0.059 against kv's 1.19x at 0.035 (0.058 against 0.18 per unit of speed-up)
-        grid_dims=3, native_px=(832, 480), default_mode="merge",
+        # default merge 0.625 where its classes take it (all but ComfyUI's HumoWanModel; those get kv 0.5), by the
+        # frontier's rule (docs/results/frontier_deep_cpu.json, 8 blocks): the fastest setting measured at or under
+        # tomesd's error (0.095 / 0.101 noise / photo, 2.80x less work). Earlier: merge r=0.5 2.01x at 0.059.
+        grid_dims=3, native_px=(832, 480), default_mode="merge", default_ratio=0.625,
         diffusers=(
             DiffusersDiT("wan", (TRANSFORMERS + "transformer_wan.WanTransformer3DModel",), "separate",
                          (BlockList("blocks", (("attn1", "image"),)),), readers.wan_tokens, Timestep(1, "timestep",
@@ -348,9 +354,10 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
         ),
     ),
     ModelFamily(
-        'ltx2', 'LTX-2', grid_dims=3, native_px=(768, 512), default_mode="merge",
-        # mode merge by default: at r=0.5 on the CPU (768x512x33, bf16, --blocks 2) 2.01x at cfg err peaked 0.200
-        # against kv's 1.20x at 0.102 (0.20 against 0.51 per unit of speed-up)
+        'ltx2', 'LTX-2', grid_dims=3, native_px=(768, 512), default_mode="merge", default_ratio=0.625,
+        # default merge 0.625 by the frontier's rule (docs/results/frontier_deep_cpu.json, 8 blocks): the fastest
+        # setting measured at or under tomesd's error (0.233 / 0.169 noise / photo, 2.32x less work). Earlier: at
+        # r=0.5 on the CPU (768x512x33, bf16, --blocks 2) 2.01x at cfg err peaked 0.200 against kv's 1.20x at 0.102
         diffusers=(
             # LTX-2: the video self-attention only; the audio self-attention and the audio-video cross-attentions
             # keep every key (not hooked). Its attention takes the keys' source and RoPE apart from the queries': the
@@ -621,6 +628,6 @@ def mode_summary() -> str:
     """One sentence on the transformer families' modes and defaults, for help texts and node tooltips."""
     names = _names
     also = merging("kv")
+    others = f"{names(also)} {'takes' if len(also) == 1 else 'take'} merge too, default kv; " if also else ""
     return (f"mode merge (fewer image tokens through whole blocks) is the default on {names(merging('merge'))}; "
-            f"{names(also)} {'takes' if len(also) == 1 else 'take'} merge too, default kv; the other transformers "
-            f"take mode kv (fewer keys/values) only")
+            f"{others}the other transformers take mode kv (fewer keys/values) only")

@@ -40,16 +40,14 @@ def _setting(entry: dict) -> str:
 
 
 def higher(name: str) -> Optional[dict]:
-    """The setting shown beside the default: the next measured ratio above it in its mode, else the other mode's
-    0.5 (where measured)."""
+    """The setting shown beside the default: the next measured ratio above it in its mode; None where the default is
+    the highest ratio measured (or the family was not measured)."""
     entry = measured(name)
     if entry is None:
         return None
     default, settings = entry["default"], entry["settings"]
     above = [s for s in settings if s["mode"] == default["mode"] and s["ratio"] > default["ratio"]]
-    if above:
-        return min(above, key=lambda s: s["ratio"])
-    return next((s for s in settings if s["mode"] != default["mode"] and s["ratio"] == 0.5), None)
+    return min(above, key=lambda s: s["ratio"]) if above else None
 
 
 def loses_quality_fast(name: str) -> bool:
@@ -60,17 +58,16 @@ def loses_quality_fast(name: str) -> bool:
 
 def trade(name: str, title: Optional[str] = None) -> Optional[str]:
     """One sentence: the family's default and a higher setting, each as a multiple of tomesd r=0.5's error on SD1.5
-    (e.g. "Wan: default merge 0.625 (0.17x tomesd's error); merge 0.75: 0.2x"); None where not measured."""
+    (e.g. "Flux: default merge 0.2 (0.80x tomesd's error); merge 0.3: 1.01x"); None where not measured."""
     entry = measured(name)
     if entry is None:
         return None
     yard, default, title = load()["yardstick"], entry["default"], title or entry.get("title", name)
-    text = f"{title}: default {_setting(default)} ({_times(default['errors'], yard):.2g}x tomesd's error)"
+    text = f"{title}: default {_setting(default)} ({_times(default['errors'], yard):.2f}x tomesd's error)"
     more = higher(name)
-    if more is not None:
-        text += f"; {_setting(more)}: {_times(more['errors'], yard):.2g}x"
+    text += "; the highest ratio measured" if more is None else f"; {_setting(more)}: {_times(more['errors'], yard):.2f}x"
     if not default["holds_and_saves"]:
-        text += ". Loses quality fast under ToMe: no setting measured saves work at tomesd's error"
+        text += f". Loses quality fast under ToMe: no setting measured saves {load()['saves']:g}x work at tomesd's error"
     return text
 
 
@@ -86,13 +83,13 @@ def trade_summary() -> str:
 
 def defaults_table() -> str:
     """Markdown for the README: every transformer family's default mode and ratio (the catalogue's), its error as a
-    multiple of tomesd's and its CPU speed-up where measured, and the setting beside it."""
+    multiple of tomesd's and the work it saves (counted operations) where measured, and the setting beside it."""
     from .families import CATALOGUE, short_title
 
     data = load()
     yard = data.get("yardstick")
-    out = ["| family | default | error noise / photo (x tomesd r=0.5 on SD1.5) | CPU speed-up | next setting: its error "
-           "| measured at |", "| --- | --- | ---: | ---: | --- | --- |"]
+    out = ["| family | default | error noise / photo (x tomesd r=0.5 on SD1.5) | less work (counted) | next setting: its "
+           "error | measured at |", "| --- | --- | ---: | ---: | --- | --- |"]
     for family in CATALOGUE:
         entry = measured(family.name)
         setting = f"{family.default_mode} {family.default_ratio:g}"
@@ -100,11 +97,13 @@ def defaults_table() -> str:
             out.append(f"| {short_title(family)} | {setting} | not measured | - | - | - |")
             continue
         default, more = entry["default"], higher(family.name)
-        errors = " / ".join(f"{default['errors'][c]:.3f} ({default['errors'][c] / yard[c]:.2g}x)"
+        errors = " / ".join(f"{default['errors'][c]:.3f} ({default['errors'][c] / yard[c]:.2f}x)"
                             for c in ("noise", "photo"))
-        fast = "" if default["holds_and_saves"] else " (loses quality fast: nothing measured saves work at tomesd's error)"
-        beside = "-" if more is None else f"{_setting(more)}: {_times(more['errors'], yard):.2g}x"
-        speed = "-" if default.get("speedup") is None else f"{default['speedup']:.2f}"
+        fast = "" if default["holds_and_saves"] else (f" (loses quality fast: nothing measured saves {data['saves']:g}x "
+                                                      "work at tomesd's error)")
+        beside = "highest measured" if more is None else f"{_setting(more)}: {_times(more['errors'], yard):.2f}x"
+        work = default.get("work_speedup")
+        speed = "-" if work is None else f"{work:.2f}x"
         out.append(f"| {short_title(family)} | {setting}{fast} | {errors} | {speed} | {beside} | "
                    f"{entry['size']}, {entry['blocks']} blocks |")
     return "\n".join(out)
