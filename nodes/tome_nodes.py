@@ -172,8 +172,8 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     """The patched clone and the info the frontend extension draws; shared by the V1 and V3 nodes.
 
     DiTs (the catalogue's families: Flux, Qwen-Image, Wan, LTX-2, ...) route to the DiT patch: the basic node, which has
-    no mode input, uses the family's default there (``ModelFamily.default_mode``: the lowest error per unit of
-    speed-up measured, docs/TRANSFORMERS.md); the advanced node's mode is honoured: "merge" on the families whose
+    no mode input, uses the family's default there (``ModelFamily.default_mode``, and at ratio -1 its
+    ``default_ratio``: the frontier's rule, README "Each family's default"); the advanced node's mode is honoured: "merge" on the families whose
     bindings take it, refused on the others with the engine's message naming the model and the fix. max_downsample does not apply to DiTs.
     node_id: the node's id, to which the speed check's verdicts are sent when sampling decides them.
     """

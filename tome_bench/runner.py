@@ -609,7 +609,9 @@ def run_benchmark(cfg: BenchConfig, progress_bar: bool = True, profile: bool = F
     from tqdm.auto import tqdm
 
     variants = cfg.resolve()
-    per_case = (len(variants) * (1 + (0 if cfg.errors_only else cfg.repeats)) + (0 if cfg.errors_only else 1) + (len(variants) * len(cfg.compile_modes) if cfg.compile else 0)
+    timed = 0 if cfg.errors_only else cfg.repeats  # and one vanilla re-run
+    per_case = (len(variants) * (1 + timed) + (0 if cfg.errors_only else 1)
+                + (len(variants) * len(cfg.compile_modes) if cfg.compile else 0)
                 + (len(variants) if cfg.content == "both" else 0) + (len(variants) if cfg.trace else 0)
                 + (len(variants) if cfg.flops else 0))
     n_forwards = sum(len(cfg.sizes_for(f)) for f in cfg.families) * per_case

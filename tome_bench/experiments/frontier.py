@@ -253,7 +253,8 @@ def summary_table(result: dict) -> str:
 def rows_table(result: dict) -> str:
     """Markdown: every reduced row, its errors against the yardstick's, its wall and GPU-time speed-ups."""
     yard = result["yardstick"]
-    out = ["| family, size, blocks | mode r | err noise | err photo | at or under the yardstick | work × | wall × | GPU × |",
+    out = ["| family, size, blocks | mode r | err noise | err photo | at or under the yardstick | work × | wall × "
+           "| GPU × |",
            "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |"]
     for r in result["rows"]:
         if r["method"] == "vanilla":
@@ -365,7 +366,8 @@ def combine(out: Path, paths: Sequence[Path]) -> dict:
         raise ValueError(f"{', '.join(map(str, paths))}: their yardsticks differ; combine runs of one yardstick")
     first = results[0]
     combined = {k: v for k, v in first.items() if k not in ("rows", "frontier", "command", "yardstick_rows")}
-    combined["runs"] = [{"file": f"{Path(p).parent.name}/{Path(p).name}", "command": r["command"], "commit": r.get("commit"),
+    combined["runs"] = [{"file": f"{Path(p).parent.name}/{Path(p).name}", "command": r["command"],
+                         "commit": r.get("commit"),
                          "complete": r["complete"], "wall_s": r["environment"].get("wall_s"),
                          "settings": r["settings"]} for p, r in zip(paths, results)]
     commits = [r.get("commit") or "" for r in results]  # the newest run's code, "+dirty" said apart

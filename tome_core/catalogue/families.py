@@ -50,7 +50,7 @@ class ModelFamily:
     wanvideo: the classes of kijai's ComfyUI-WanVideoWrapper (its own loader, sampler and model type), as bindings.
     neo: the classes of Forge Neo (``backend.nn``; ``NeoDiT``: ComfyUI's binding over Neo's ports), as bindings.
     default_mode: the mode used where none is asked for (the basic ComfyUI node, ``apply_patch`` without
-        ``mode``): the lowest error per unit of speed-up measured (docs/TRANSFORMERS.md, "Mode merge"); "merge"
+        ``mode``): with ``default_ratio``, the frontier's rule on its deepest run (README, "Each family's default"); "merge"
         only where the family has merge bindings, and only on the classes they reach (the others get kv).
     merge_attention: how mode merge's blocks weigh the merged keys where ``ToMeConfig.merge_attention`` is None
         (``token_merge.key_bias``): the lowest error measured at equal tokens (docs/TRANSFORMERS.md, "How merged

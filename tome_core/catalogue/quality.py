@@ -65,9 +65,11 @@ def trade(name: str, title: Optional[str] = None) -> Optional[str]:
     yard, default, title = load()["yardstick"], entry["default"], title or entry.get("title", name)
     text = f"{title}: default {_setting(default)} ({_times(default['errors'], yard):.2f}x tomesd's error)"
     more = higher(name)
-    text += "; the highest ratio measured" if more is None else f"; {_setting(more)}: {_times(more['errors'], yard):.2f}x"
+    more_times = None if more is None else _times(more["errors"], yard)
+    text += "; the highest ratio measured" if more is None else f"; {_setting(more)}: {more_times:.2f}x"
     if not default["holds_and_saves"]:
-        text += f". Loses quality fast under ToMe: no setting measured saves {load()['saves']:g}x work at tomesd's error"
+        text += (f". Loses quality fast under ToMe: no setting measured saves {load()['saves']:g}x work at tomesd's "
+                 "error")
     return text
 
 
@@ -88,8 +90,8 @@ def defaults_table() -> str:
 
     data = load()
     yard = data.get("yardstick")
-    out = ["| family | default | error noise / photo (x tomesd r=0.5 on SD1.5) | less work (counted) | next setting: its "
-           "error | measured at |", "| --- | --- | ---: | ---: | --- | --- |"]
+    out = ["| family | default | error noise / photo (x tomesd r=0.5 on SD1.5) | less work (counted) "
+           "| next setting: its error | measured at |", "| --- | --- | ---: | ---: | --- | --- |"]
     for family in CATALOGUE:
         entry = measured(family.name)
         setting = f"{family.default_mode} {family.default_ratio:g}"
@@ -99,8 +101,8 @@ def defaults_table() -> str:
         default, more = entry["default"], higher(family.name)
         errors = " / ".join(f"{default['errors'][c]:.3f} ({default['errors'][c] / yard[c]:.2f}x)"
                             for c in ("noise", "photo"))
-        fast = "" if default["holds_and_saves"] else (f" (loses quality fast: nothing measured saves {data['saves']:g}x "
-                                                      "work at tomesd's error)")
+        fast = "" if default["holds_and_saves"] else (
+            f" (loses quality fast: nothing measured saves {data['saves']:g}x work at tomesd's error)")
         beside = "highest measured" if more is None else f"{_setting(more)}: {_times(more['errors'], yard):.2f}x"
         work = default.get("work_speedup")
         speed = "-" if work is None else f"{work:.2f}x"
