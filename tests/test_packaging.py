@@ -48,9 +48,10 @@ def _run(cmd: list, cwd: Path, timeout: float = 120) -> subprocess.CompletedProc
 
 def _source_modules() -> set[str]:
     """Every module file of tome_core (the engine and its host glue) and tome_bench (the benchmark) in the
-    checkout, as a path relative to the repository."""
+    checkout, and the package data tome_core reads (what each family's default costs), as paths relative to the
+    repository."""
     return {p.relative_to(REPO).as_posix() for package in ("tome_core", "tome_bench")
-            for p in (REPO / package).rglob("*.py") if "__pycache__" not in p.parts}
+            for p in (REPO / package).rglob("*.py") if "__pycache__" not in p.parts} | {"tome_core/catalogue/quality.json"}
 
 
 @pytest.fixture(scope="module")

@@ -392,8 +392,7 @@ def quality_summary(result: dict, source: str) -> dict:
         families[family] = {"title": NAMES.get(family, family), "size": entry["size"], "blocks": entry["blocks"],
                             "default": entry["default"],
                             "settings": [{"mode": r["method"], "ratio": r["ratio"], "errors": errors_of(r),
-                                          "speedup": r.get("speedup"), "work_speedup": r.get("work_speedup")}
-                                         for r in case]}
+                                          "work_speedup": r.get("work_speedup")} for r in case]}
     yard, device = result["yardstick"], result["device"].split(" (")[0]
     return {"source": source, "commit": result.get("commit"), "device": result["device"],
             "where": f"{result['settings']['dtype']} on {'the CPU' if device == 'cpu' else device}, each family at its "
@@ -406,8 +405,8 @@ def write_quality(path: Path, root: Path = REPO) -> dict:
     """Write ``tome_core/catalogue/quality.json`` from the frontier JSON at ``path`` (a path in the repository)."""
     relative = path.resolve().relative_to(root.resolve()).as_posix()
     summary = quality_summary(json.loads(path.read_text(encoding="utf-8")), relative)
-    (root / "tome_core" / "catalogue" / "quality.json").write_text(json.dumps(summary, indent=1) + "\n",
-                                                                   encoding="utf-8")
+    (root / "tome_core" / "catalogue" / "quality.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n",
+                                                                   encoding="utf-8")  # one line: it ships with the nodes
     return summary
 
 
