@@ -142,6 +142,14 @@ def _bound_error(spec: Dict[str, tuple], values: Dict[str, Any]) -> Optional[str
     return None
 
 
+def with_model_ratio(values: Dict[str, Any], ratio_for: Any) -> Dict[str, Any]:
+    """``values`` with the ratio widget's -1 resolved to the model's default in the mode chosen
+    (``ratio_for(mode)``); any other ratio is kept as it is."""
+    if values.get("ratio") != MODEL_DEFAULT:
+        return values
+    return dict(values, ratio=ratio_for(values["mode"]))
+
+
 def _config(spec: Dict[str, tuple], **values: Any) -> ToMeConfig:
     """Build the validated config from widget values (ValueError/TypeError naming the input)."""
     error = _bound_error(spec, values)
@@ -181,8 +189,7 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     resolved = resolve(model)  # the model as the catalogue knows it, read once for the whole patch
     if "mode" not in values:  # the basic node: the family's default on a DiT (the catalogue's default_mode)
         values = dict(values, mode=default_mode(resolved))
-    if values.get("ratio") == MODEL_DEFAULT:  # the family's default ratio in that mode (tomesd's 0.5 on UNets)
-        values = dict(values, ratio=default_ratio(resolved, values["mode"]))
+    values = with_model_ratio(values, lambda mode: default_ratio(resolved, mode))  # tomesd's 0.5 on UNets
     config = _config(spec, **values)
     plan = plan_patch(resolved, config)  # validated and described before anything is registered
     patched = plan.attach()

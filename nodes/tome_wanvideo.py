@@ -24,7 +24,7 @@ except ImportError:  # imported with tome_core on sys.path
     from tome_core.engine.config import MODES, SPEED_CHECKS
     from tome_core.catalogue.families import BY_NAME
     from tome_core.catalogue.quality import trade
-from .tome_nodes import ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, MODEL_DEFAULT, RATIO, ToMe, ToMeAdvanced, _config
+from .tome_nodes import ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, RATIO, ToMe, ToMeAdvanced, _config, with_model_ratio
 from .ui_messages import announce_levels
 
 WANVIDEOMODEL = "WANVIDEOMODEL"
@@ -90,9 +90,7 @@ class ToMeWanVideo:
 def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: Optional[str] = None) -> tuple:
     """The patched clone and the node's UI message (the plan's description, also logged); shared by V1 and V3. The
     speed check's verdicts, decided while sampling, go to the log and to node ``node_id`` (``announce_levels``)."""
-    if values.get("ratio") == MODEL_DEFAULT:  # Wan's default ratio in the mode chosen
-        values = dict(values, ratio=WAN.ratio_for(values["mode"]))
-    config = _config(spec, **values)
+    config = _config(spec, **with_model_ratio(values, WAN.ratio_for))  # Wan's default ratio in the mode chosen
     description = plan_wanvideo(model, config)  # every refusal, before anything is cloned
     patched = patch_wanvideo(model, config)
     for line in description["text"]:
