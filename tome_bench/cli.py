@@ -251,39 +251,50 @@ def _add_where_and_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-parallel", default=None, metavar="ulysses:N",
                    help="run the DiT families (flux, qwen_image, wan: diffusers' _cp_plan) under diffusers' context "
                         "parallelism over N processes (torchrun; gloo on the CPU, nccl on GPUs): vanilla-CP against "
-                        "ToMe-CP (mode kv, --ratios' first), interleaved, the slowest process's time, the all-to-all "
-                        "bytes per forward beside it, tiny models at the --res sides (default 256,768); writes "
-                        "OUT/context_parallel_<device>.json (tome_bench.experiments.context_parallel). Ulysses "
-                        "only: ToMe refuses Ring and merge under context parallelism before the first step")
+                        "ToMe-CP in modes kv and merge (--methods vanilla,kv,merge; at --ratios' first), interleaved, "
+                        "the slowest process's time, the all-to-all bytes per forward beside it, tiny models at the "
+                        "--res sides (default 256,768); writes OUT/context_parallel_<device>.json "
+                        "(tome_bench.experiments.context_parallel). ring:N: Ring attention (CUDA only, mode merge)")
 
 
 class UsageError(Exception):
     """Bad input: one line for the user, exit code 2."""
 
 
-CONTEXT_PARALLEL_FAMILIES = ("flux", "qwen_image", "wan")  # diffusers' _cp_plan and ToMe's kv under it
+CONTEXT_PARALLEL_FAMILIES = ("flux", "qwen_image", "wan")  # diffusers' _cp_plan and ToMe under it
 
 
 def context_parallel_command(args: argparse.Namespace) -> list[str]:
-    """The torchrun-launched experiment ``--context-parallel ulysses:N`` runs, or UsageError naming the fix."""
+    """The torchrun-launched experiment ``--context-parallel ulysses:N`` (or ``ring:N``) runs, or UsageError naming
+    the fix."""
     kind, _, degree = args.context_parallel.partition(":")
-    if kind == "ring":
-        raise UsageError("--context-parallel ring: ToMe refuses Ring attention under context parallelism before the "
-                         "first step (each rank would need its cut before the ring's dispatch); use ulysses:N")
-    if kind != "ulysses" or not degree.isdigit() or int(degree) < 2:
-        raise UsageError(f"--context-parallel {args.context_parallel!r}: use ulysses:N with N >= 2 processes")
+    if kind not in ("ulysses", "ring") or not degree.isdigit() or int(degree) < 2:
+        raise UsageError(f"--context-parallel {args.context_parallel!r}: use ulysses:N or ring:N with N >= 2 "
+                         "processes")
     families = args.families or CONTEXT_PARALLEL_FAMILIES
     other = [f for f in families if f not in CONTEXT_PARALLEL_FAMILIES]
     if other:
         raise UsageError(f"--context-parallel: {', '.join(other)} not measured under context parallelism; choose "
                          f"from {', '.join(CONTEXT_PARALLEL_FAMILIES)}")
-    if args.methods and any(m.split("@")[0] not in ("vanilla", "kv") for m in args.methods):
-        raise UsageError("--context-parallel: ToMe-CP runs mode kv (merge is refused under context parallelism); "
-                         "leave --methods out or use vanilla,kv")
+    methods = [m.split("@")[0] for m in args.methods or ()]
+    if any(m not in ("vanilla", "kv", "merge") for m in methods):
+        raise UsageError("--context-parallel: ToMe-CP runs modes kv and merge; leave --methods out or use "
+                         "vanilla,kv,merge")
+    modes = [m for m in methods if m != "vanilla"] or (["merge"] if kind == "ring" else ["kv", "merge"])
+    if kind == "ring":
+        import torch
+
+        if "kv" in modes:
+            raise UsageError("--context-parallel ring: ToMe refuses mode kv under Ring attention (each step sees one "
+                             "process's keys); use --methods vanilla,merge or ulysses:N")
+        if not torch.cuda.is_available():
+            raise UsageError("--context-parallel ring: Ring attention needs a kernel that returns each step's "
+                             "log-sum-exp, which diffusers has for CUDA only; on the CPU use ulysses:N")
     sides = [w for w, h in args.res] if args.res else [256, 768]
     if args.res and any(w != h for w, h in args.res):
         raise UsageError("--context-parallel: square sizes only (--res 256,768)")
     return [sys.executable, "-m", "tome_bench.experiments.context_parallel", "--processes", degree,
+            "--attention", kind, "--modes", ",".join(modes),
             "--families", ",".join(families), "--sizes", ",".join(str(side) for side in sides),
             "--repeats", str(args.repeats or 5), "--ratio", str(args.ratios[0]), "--out", str(args.out)]
 

@@ -4,8 +4,10 @@ fails the test instead of stalling the suite.
 
 Per family (diffusers' tiny Flux, Qwen-Image and Wan, 128x128, Wan 5 frames, batch 2): the one-process model
 without and with ToMe (mode kv, ratio 0.5), then the same weights under ``ContextParallelConfig(ulysses_degree=2)``
-alone, with ToMe, at ratio 0 and after ``remove_patch``, each rank's kept key count, and mode merge's refusal; then
-the settings ToMe refuses before the first step.
+alone, with ToMe, at ratio 0 and after ``remove_patch``, each rank's kept key count; the same for mode merge against
+one process merging the same bands (and Wan with 3 latent frames: bands of rows across frames); mode merge under
+Ring attention (``ring_degree=2``, diffusers' ring with the CPU's flash kernel per step); then the settings ToMe
+refuses before the first step.
 """
 import datetime
 import json
@@ -25,6 +27,81 @@ def error_of(run):
     except ValueError as error:
         return str(error)
     return None
+
+
+def merge_under_split(local, split, inputs, alone, vanilla):
+    """Mode merge (ratio 0.5) on ``split`` (made context parallel) against one process merging the same bands
+    (``bands = 2``) on ``local`` (the same weights): outputs, each rank's merged token count, ratio 0, removal."""
+    import tome_core
+    from tome_bench.dit_models import forward
+
+    tome_core.apply_patch(local, ratio=0.5, mode="merge")
+    whole = forward(local, inputs)
+    local.__dict__["_tome_dit"].bands = 2
+    banded = forward(local, inputs)
+    tome_core.remove_patch(local)
+    tome_core.apply_patch(split, ratio=0.5, mode="merge")
+    reduced = forward(split, inputs)
+    state = split.__dict__["_tome_dit"]
+    counts = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, (int(state.current.merge.slots), int(state.current.merge.length),
+                                    state.reduced_calls))
+    described = tome_core.describe(split)
+    tome_core.apply_patch(split, ratio=0.0, mode="merge")
+    zero = forward(split, inputs)
+    tome_core.remove_patch(split)
+    removed = forward(split, inputs)
+    return {"one_process_tome_vs_vanilla": rel(whole, vanilla), "one_process_bands_vs_vanilla": rel(banded, vanilla),
+            "split_tome_vs_split_alone": rel(reduced, alone), "split_tome_vs_one_process_bands": rel(reduced, banded),
+            "ratio0_equals_split_alone": bool(torch.equal(zero, alone)),
+            "removed_equals_split_alone": bool(torch.equal(removed, alone)),
+            "slots_length_reduced_calls_per_rank": counts, "described": described}
+
+
+def cpu_flash_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None):
+    """A stand-in for diffusers' per-step Ring kernels, which are CUDA's (flash, cuDNN): torch's CPU flash kernel,
+    returning the log-sum-exp the ring combines its steps with. Mirrors the signature and (B, S, H, D) / (B, S, H)
+    layouts of diffusers 0.42.1 attention_dispatch ``_native_flash_attention_forward_op``."""
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
+                                                                         attn_mask=attn_mask, scale=scale)
+    out, lse = out.transpose(1, 2).contiguous(), lse.transpose(1, 2).contiguous()
+    return (out, lse) if return_lse else out
+
+
+def ring_merge():
+    """Mode merge under diffusers' real Ring attention (ring_degree=2), its per-step kernel the CPU's
+    (``cpu_flash_forward_op``): each family against one process merging the same bands, plain attention."""
+    import diffusers.models.attention_dispatch as dispatch
+    import tome_core
+    from diffusers import ContextParallelConfig
+    from tome_bench.dit_models import build_dit, forward, make_dit_inputs
+
+    native, dispatch._native_attention_forward_op = dispatch._native_attention_forward_op, cpu_flash_forward_op
+    found = {}
+    try:
+        for family in ("flux", "qwen_image", "wan"):
+            local, split = build_dit(family, scale="tiny"), build_dit(family, scale="tiny")
+            inputs = make_dit_inputs(local, family, 2, 128, 128, frames=5 if family == "wan" else 1)
+            vanilla = forward(local, inputs)
+            tome_core.apply_patch(local, ratio=0.5, mode="merge", merge_attention="plain")
+            local.__dict__["_tome_dit"].bands = 2
+            banded = forward(local, inputs)
+            split.enable_parallelism(config=ContextParallelConfig(ring_degree=2))
+            alone = forward(split, inputs)
+            tome_core.apply_patch(split, ratio=0.5, mode="merge", merge_attention="plain")
+            reduced = forward(split, inputs)
+            slots = [None] * dist.get_world_size()
+            dist.all_gather_object(slots, int(split.__dict__["_tome_dit"].current.merge.slots))
+            tome_core.remove_patch(split)
+            found[family] = {"split_alone_vs_vanilla": rel(alone, vanilla), "split_tome_vs_split_alone":
+                             rel(reduced, alone), "split_tome_vs_one_process_bands": rel(reduced, banded),
+                             "removed_equals_split_alone": bool(torch.equal(forward(split, inputs), alone)),
+                             "slots_per_rank": slots}
+    finally:
+        dispatch._native_attention_forward_op = native
+    return found
 
 
 def main(out_path):
@@ -59,22 +136,39 @@ def main(out_path):
             zero = forward(split, inputs)
             tome_core.remove_patch(split)
             removed = forward(split, inputs)
-            merge = error_of(lambda: (tome_core.apply_patch(split, ratio=0.5, mode="merge"), forward(split, inputs)))
             tome_core.apply_patch(split, ratio=0.5)  # no mode: the family's mode under the split
             default_mode = split.__dict__["_tome_dit"].config.mode
             tome_core.remove_patch(split)
+            tome_core.apply_patch(split, ratio=0.5, speed_check="on")  # asked to time: not alone under the split
+            timed_once = torch.equal(forward(split, inputs), forward(split, inputs))
+            speed_check = tome_core.describe(split)
+            tome_core.remove_patch(split)
+            merged = merge_under_split(local, split, inputs, alone, vanilla)
             results[family] = {
                 "one_process_tome_vs_vanilla": rel(one, vanilla), "split_alone_vs_vanilla": rel(alone, vanilla),
                 "split_tome_vs_split_alone": rel(reduced, alone), "split_tome_vs_one_process_tome": rel(reduced, one),
                 "ratio0_equals_split_alone": bool(torch.equal(zero, alone)),
                 "removed_equals_split_alone": bool(torch.equal(removed, alone)),
                 "kept_keys_and_reduced_calls_per_rank": counts, "one_process_kept_keys": one_kept,
-                "merge_error": merge, "default_mode": default_mode}
+                "default_mode": default_mode, "merge": merged, "speed_check_on": speed_check,
+                "speed_check_repeatable": timed_once}
+        wan = build_dit("wan", scale="tiny"), build_dit("wan", scale="tiny")  # 3 latent frames: bands of 12 rows
+        odd = make_dit_inputs(wan[0], "wan", 2, 128, 128, frames=9)
+        wan[1].enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+        results["wan_3_frames"] = {"merge": merge_under_split(wan[0], wan[1], odd, forward(wan[1], odd),
+                                                              forward(wan[0], odd))}
+        results["ring"] = ring_merge()
         refused = {}
-        for name, config in (("ring", dict(ring_degree=2)), ("uneven", dict(ulysses_degree=2, ulysses_anything=True))):
+        for name, config, mode in (("ring", dict(ring_degree=2), "kv"),
+                                   ("uneven", dict(ulysses_degree=2, ulysses_anything=True), "kv"),
+                                   ("uneven_merge", dict(ulysses_degree=2, ulysses_anything=True), "merge")):
             model = build_dit("flux", scale="tiny")
             model.enable_parallelism(config=ContextParallelConfig(**config))
-            refused[name] = error_of(lambda: tome_core.apply_patch(model, ratio=0.5, mode="kv"))
+            refused[name] = error_of(lambda: tome_core.apply_patch(model, ratio=0.5, mode=mode))
+        model = build_dit("flux", scale="tiny")
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+        refused["proportional"] = error_of(lambda: tome_core.apply_patch(model, ratio=0.5, mode="merge",
+                                                                          merge_attention="proportional"))
         model = build_dit("ltx2", scale="tiny")
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
         refused["unknown_split"] = error_of(lambda: tome_core.apply_patch(model, ratio=0.5, mode="kv"))
@@ -83,6 +177,8 @@ def main(out_path):
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
         odd = make_dit_inputs(model, "flux", 2, 112, 112)  # a 7x7 grid: 49 image tokens
         refused["odd_tokens"] = error_of(lambda: forward(model, odd))
+        tome_core.apply_patch(model, ratio=0.5, mode="merge")
+        refused["odd_rows"] = error_of(lambda: forward(model, odd))
     if dist.get_rank() == 0:
         with open(out_path, "w") as handle:
             json.dump({"families": results, "refused": refused}, handle, indent=1)

@@ -1,9 +1,10 @@
-"""Mode kv under diffusers' context parallelism (Ulysses), in two real processes, and what ToMe refuses there.
+"""ToMe under diffusers' context parallelism (Ulysses, Ring), in two real processes, and what it refuses there.
 
 ``context_parallel_worker.py`` runs under ``torchrun --nproc_per_node 2`` (gloo, CPU, a 60 s timeout on every
 collective; the run itself is bounded here): under ``ContextParallelConfig(ulysses_degree=2)`` each process reduces
 the keys the one-process call keeps, found in the gathered sequence (``engine.slices``), so the output equals the
-one-process ToMe output within float tolerance and every process keeps as many keys.
+one-process ToMe output within float tolerance and every process keeps as many keys; in mode merge each process
+merges its own band of rows, equal to one process merging the same bands (``bands``), as many tokens on each.
 """
 from __future__ import annotations
 
@@ -40,12 +41,45 @@ def test_kept_keys_are_found_at_their_place_in_the_gathered_sequence():
 
 def test_what_a_split_cannot_take_is_named():
     split = SequenceSlices(world=2, rank=0, setting="cp")
-    assert "use mode 'kv'" in split.refusal("merge")
+    assert split.refusal("merge") is None and split.refusal("merge", TokenLayout((8, 8)), text=6) is None
+    assert "7 text tokens do not split" in split.refusal("merge", TokenLayout((8, 8)), text=7)
+    assert "reference" in split.refusal("merge", TokenLayout((8, 8), suffix=4))
+    assert "proportional" in split.refusal("merge", attention="proportional")
+    assert "latent frames divide by 2" in split.refusal("merge", TokenLayout((3, 5, 8)))
     assert "Ulysses" in SequenceSlices(2, 0, ring=True).refusal("kv")
     assert "ulysses_anything" in SequenceSlices(2, 0, uneven=True).refusal("kv")
     assert "49 image tokens do not split into 2" in split.refusal("kv", TokenLayout((7, 7), prefix=512))
     assert "reference" in split.refusal("kv", TokenLayout((4, 4), prefix=2, suffix=4))
     assert split.refusal("kv", TokenLayout((4, 4), prefix=2)) is None
+
+
+def test_a_band_is_whole_rows_and_merge_windows_stay_in_one_frame():
+    split = SequenceSlices(world=2, rank=1)
+    assert split.local_grid((8, 6)) == (4, 6) and split.local_grid((7, 6)) is None
+    assert split.local_grid((4, 8, 6)) == (2, 8, 6)  # whole frames
+    assert split.local_grid((3, 8, 6)) == (12, 6)  # 12 rows: 8 of frame 1 and 4 of frame 2, 2-row windows
+    assert split.local_grid((3, 6, 6)) is None  # 9 rows a band: a 2-row window would straddle a frame
+    assert split.local_grid((3, 5, 6)) is None  # 5-row frames: windows straddle frames
+    x = torch.arange(24.0).view(1, 6, 4)
+    assert torch.equal(split.own(x, 1), x[:, 3:])
+    carried = split.carrier(x[:, :2], 1)
+    assert carried.shape == (1, 4, 4) and torch.equal(split.own(carried, 1), x[:, :2]) and not carried[:, :2].any()
+
+
+def test_one_process_bands_match_each_band_alone():
+    """``match_bands``: the grid's two bands matched apart, as two processes each match their own."""
+    from tome_core.engine.kv import pick_index_nd
+    from tome_core.engine.token_merge import match_bands, match_grid
+
+    tokens = torch.randn(2, 64, 8, generator=torch.Generator().manual_seed(0))
+    band, window = (4, 8), (2, 2)
+    destinations = pick_index_nd(band, window, torch.Generator().manual_seed(1))
+    whole = match_bands(tokens, band, 2, 0.5, destinations, window)
+    parts = [match_grid(tokens[:, i * 32:(i + 1) * 32], band, 0.5, destinations, window) for i in range(2)]
+    assert whole.removed == sum(part.removed for part in parts) == 32
+    assert torch.equal(whole.merged_away, torch.cat([part.merged_away for part in parts]))
+    assert torch.equal(whole.target, torch.cat([parts[0].target, parts[1].target + 32]))
+    assert bool((whole.target[:32] < 32).all()) and bool((whole.target[32:] >= 32).all())  # never across bands
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +107,50 @@ def test_each_process_reduces_the_keys_of_the_one_process_call(two_processes, fa
     counts = found["kept_keys_and_reduced_calls_per_rank"]
     assert len({tuple(c) for c in counts}) == 1 and counts[0][0] == found["one_process_kept_keys"] and counts[0][1] > 0
     assert found["ratio0_equals_split_alone"] and found["removed_equals_split_alone"]
-    assert "mode merge merges each block's tokens" in found["merge_error"] and "use mode 'kv'" in found["merge_error"]
-    assert found["default_mode"] == "kv"  # apply_patch without a mode: the one that follows the split
+    assert found["default_mode"] == "merge"  # apply_patch without a mode: the family's, which follows the split
+    # speed_check "on": no process times alone (its repeats would run collectives its peers do not); every one reduces
+    assert "reduced (not timed on cpu: untimed under context parallelism (ulysses_degree=2, ring_degree=1), where " \
+        "every process reduces alike)" in found["speed_check_on"] and found["speed_check_repeatable"]
+
+
+@pytest.mark.parametrize("family", ["flux", "qwen_image", "wan", "wan_3_frames"])
+def test_each_process_merges_its_own_band(two_processes, family):
+    """Mode merge under Ulysses: each process merges its band alone, as many tokens on each, and the output equals
+    one process merging the same bands (Qwen-Image: balanced attention, its bias over the gathered keys)."""
+    found = two_processes["families"][family]["merge"]
+    assert found["split_tome_vs_split_alone"] > 1e-3  # ToMe acts under it
+    assert found["split_tome_vs_one_process_bands"] < 1e-5
+    assert abs(found["split_tome_vs_split_alone"] - found["one_process_bands_vs_vanilla"]) < 1e-5
+    # merging bands costs little against merging the whole grid
+    assert found["one_process_bands_vs_vanilla"] < 1.1 * found["one_process_tome_vs_vanilla"]
+    counts = found["slots_length_reduced_calls_per_rank"]
+    assert len({tuple(c) for c in counts}) == 1 and counts[0][0] == counts[0][1] // 2 and counts[0][2] > 0
+    assert found["ratio0_equals_split_alone"] and found["removed_equals_split_alone"]
+    assert "each of the 2 processes merges its own band" in found["described"]
+
+
+@pytest.mark.parametrize("family", ["flux", "qwen_image", "wan"])
+def test_mode_merge_follows_ring_attention(two_processes, family):
+    """Mode merge under diffusers' Ring attention (its per-step kernel the CPU's flash kernel): each process's band
+    merged, the ring passing the merged chunks, equal to one process merging the same bands."""
+    found = two_processes["families"]["ring"][family]
+    assert found["split_alone_vs_vanilla"] < 1e-6
+    assert found["split_tome_vs_split_alone"] > 1e-3
+    assert found["split_tome_vs_one_process_bands"] < 1e-5
+    assert found["slots_per_rank"][0] == found["slots_per_rank"][1] > 0
+    assert found["removed_equals_split_alone"]
 
 
 def test_what_tome_cannot_follow_is_refused_before_the_first_step(two_processes):
     refused = two_processes["refused"]
-    assert "ring_degree=2" in refused["ring"] and "use Ulysses attention" in refused["ring"]
+    assert "ring_degree=2" in refused["ring"] and "use Ulysses attention" in refused["ring"] and \
+        "or mode 'merge'" in refused["ring"]
     assert "uneven chunks" in refused["uneven"] and "leave them off" in refused["uneven"]
+    assert "would merge a different number of tokens" in refused["uneven_merge"]
+    assert "ulysses_degree=2" in refused["proportional"] and "use merge_attention 'balanced' or 'plain'" in \
+        refused["proportional"]
+    assert "7x7 token grid's 7 rows do not split into 2 bands" in refused["odd_rows"] and "or mode 'kv'" in \
+        refused["odd_rows"]
     assert "LTX2VideoTransformer3DModel" in refused["unknown_split"] and "flux, qwen_image, wan" in \
         refused["unknown_split"]
     assert "512 text and 49 image tokens do not split into 2 equal chunks" in refused["odd_tokens"]

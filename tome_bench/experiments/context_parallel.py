@@ -1,4 +1,4 @@
-"""ToMe under diffusers' context parallelism: vanilla-CP against ToMe-CP (mode kv, Ulysses), interleaved, per family.
+"""ToMe under diffusers' context parallelism: vanilla-CP against ToMe-CP (modes kv and merge), interleaved, per family.
 
 Run from the repository root; it starts ``--processes`` copies of itself under torchrun (one process per chunk, gloo on
 the CPU, nccl on GPUs):
@@ -7,12 +7,14 @@ the CPU, nccl on GPUs):
         --sizes 256,768 --repeats 5
 
 Each family's tiny model (``dit_models.build_dit(scale="tiny")``, batch 2, Wan 5 frames) is made parallel with
-``ContextParallelConfig(ulysses_degree=N)``; its forward is timed whole-call on every process (a barrier before each
-call, the slowest process's time kept), vanilla and with ``apply_patch(mode="kv")`` alternated, medians reported with
-their ratio. Beside the time: the bytes Ulysses' all-to-alls move per forward on one process (diffusers'
+``ContextParallelConfig(ulysses_degree=N)`` (``--attention ring``: ``ring_degree=N`` on diffusers' cuDNN backend, CUDA
+only); its forward is timed whole-call on every process (a barrier before each call, the slowest process's time
+kept), vanilla and ``apply_patch(mode=...)`` for each of ``--modes`` alternated, medians reported with their ratios.
+Beside the time: the bytes Ulysses' all-to-alls move per forward on one process (diffusers'
 ``attention_dispatch._all_to_all_single``, counted by wrapping it for the run), and ToMe-CP's relative output change
 against vanilla-CP. Mode kv picks the kept keys after the all-to-all, so it moves as many bytes as vanilla: its gain
-is the attention's work on each process. Rank 0 writes ``docs/results/context_parallel_<device>.json``.
+is the attention's work on each process; mode merge carries fewer tokens through its blocks on each process, so its
+all-to-alls move fewer bytes too. Rank 0 writes ``docs/results/context_parallel_<device>.json``.
 """
 from __future__ import annotations
 
@@ -65,37 +67,43 @@ def timed(model: torch.nn.Module, inputs: dict) -> float:
     return float(elapsed)
 
 
-def run_family(family: str, size: int, repeats: int, ratio: float) -> dict:
+def run_family(family: str, size: int, repeats: int, ratio: float, modes: List[str], attention: str) -> dict:
     from diffusers import ContextParallelConfig
 
     world = dist.get_world_size()
     model = build_dit(family, scale="tiny")
     inputs = make_dit_inputs(model, family, 2, size, size, frames=5 if family == "wan" else 1)
-    model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+    if attention == "ring":  # the ring needs each step's log-sum-exp: a CUDA backend of diffusers' that returns it
+        model.set_attention_backend("_native_cudnn")
+    model.enable_parallelism(config=ContextParallelConfig(**{f"{attention}_degree": world}))
     counter = AllToAllBytes()
+    volume: Dict[str, int] = {}
+    change: Dict[str, float] = {}
     try:
         with torch.no_grad():
             vanilla = forward(model, inputs)
-            volume = {"vanilla": counter.bytes}
-            tome_core.apply_patch(model, ratio=ratio, mode="kv")
-            counter.bytes = 0
-            reduced = forward(model, inputs)
-            volume["tome"] = counter.bytes
-        tome_core.remove_patch(model)
-        times: Dict[str, List[float]] = {"vanilla": [], "tome": []}
-        for _ in range(repeats):  # interleaved: the machine's drift falls on both sides alike
+            volume["vanilla"] = counter.bytes
+            for mode in modes:
+                tome_core.apply_patch(model, ratio=ratio, mode=mode)
+                counter.bytes = 0
+                reduced = forward(model, inputs)
+                volume[mode] = counter.bytes
+                change[mode] = float((reduced - vanilla).norm() / vanilla.norm())
+                tome_core.remove_patch(model)
+        times: Dict[str, List[float]] = {side: [] for side in ["vanilla", *modes]}
+        for _ in range(repeats):  # interleaved: the machine's drift falls on every side alike
             times["vanilla"].append(timed(model, inputs))
-            tome_core.apply_patch(model, ratio=ratio, mode="kv")
-            times["tome"].append(timed(model, inputs))
-            tome_core.remove_patch(model)
+            for mode in modes:
+                tome_core.apply_patch(model, ratio=ratio, mode=mode)
+                times[mode].append(timed(model, inputs))
+                tome_core.remove_patch(model)
     finally:
         counter.close()
     median = {side: statistics.median(values) for side, values in times.items()}
-    return {"size": size, "frames": 5 if family == "wan" else 1, "ulysses_degree": world, "ratio": ratio,
+    return {"size": size, "frames": 5 if family == "wan" else 1, f"{attention}_degree": world, "ratio": ratio,
             "median_s": {side: round(value, 4) for side, value in median.items()},
-            "speedup": round(median["vanilla"] / median["tome"], 3),
-            "all_to_all_bytes_per_forward": volume,
-            "tome_vs_vanilla_rel": float((reduced - vanilla).norm() / vanilla.norm())}
+            "speedup": {mode: round(median["vanilla"] / median[mode], 3) for mode in modes},
+            "all_to_all_bytes_per_forward": volume, "tome_vs_vanilla_rel": change}
 
 
 def main() -> None:
@@ -106,6 +114,9 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.5)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
     parser.add_argument("--processes", type=int, default=2, help="processes (GPUs) the sequence is split over")
+    parser.add_argument("--modes", default="kv,merge", help="ToMe's modes, each a side beside vanilla-CP")
+    parser.add_argument("--attention", choices=("ulysses", "ring"), default="ulysses",
+                        help="diffusers' context-parallel attention (ring: CUDA only, mode merge only)")
     args = parser.parse_args()
     if "LOCAL_RANK" not in os.environ:  # not started by torchrun yet: start the processes, each running this module
         os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -116,20 +127,22 @@ def main() -> None:
         torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     else:
         torch.accelerator.device_count = lambda: 1  # diffusers' _resolve_parallel_config divides by it: 0 on a CPU
-    rows = {f"{family} {size}": run_family(family, size, args.repeats, args.ratio)
+    modes = args.modes.split(",")
+    rows = {f"{family} {size}": run_family(family, size, args.repeats, args.ratio, modes, args.attention)
             for family in args.families.split(",") for size in (int(side) for side in args.sizes.split(","))}
     if dist.get_rank() == 0:
         device = torch.cuda.get_device_name() if cuda else "cpu"
         report = {"experiment": "context_parallel", "device": device, "processes": dist.get_world_size(),
-                  "backend": dist.get_backend(), "commit": (source_commit() or "").split("+")[0][:12],
+                  "attention": args.attention, "backend": dist.get_backend(), "commit": (source_commit() or "").split("+")[0][:12],
                   "dirty": "+dirty" in (source_commit() or ""), "torch": torch.__version__, "families": rows}
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / f"context_parallel_{'cuda' if cuda else 'cpu'}.json"
         path.write_text(json.dumps(report, indent=1) + "\n")
         for family, row in rows.items():
-            print(f"{family}: vanilla-CP {row['median_s']['vanilla']:.4f} s, ToMe-CP {row['median_s']['tome']:.4f} s "
-                  f"({row['speedup']}x), all-to-all {row['all_to_all_bytes_per_forward']}, "
-                  f"rel {row['tome_vs_vanilla_rel']:.3g}")
+            sides = ", ".join(f"{mode} {row['median_s'][mode]:.4f} s ({row['speedup'][mode]}x, rel "
+                              f"{row['tome_vs_vanilla_rel'][mode]:.3g})" for mode in modes)
+            print(f"{family}: vanilla-CP {row['median_s']['vanilla']:.4f} s; ToMe-CP {sides}; all-to-all bytes per "
+                  f"forward {row['all_to_all_bytes_per_forward']}")
     dist.destroy_process_group()
 
 

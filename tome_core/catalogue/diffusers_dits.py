@@ -131,7 +131,8 @@ class DiffusersDiT:
         (Z-Image's ``x``); the batch and the call memo read it.
     context_parallel: diffusers' context parallelism (``_cp_plan``) splits the class's text and image tokens into
         contiguous chunks, joint attention ``[text_r, image_r]`` per process (or the image alone), as
-        ``engine.slices`` reads them: mode kv reduces it under Ulysses attention.
+        ``engine.slices`` reads them: mode kv reduces it under Ulysses attention, mode merge under Ulysses and Ring
+        (each process merges its own band; its blocks hooked as ``_cp_plan`` splits their inputs).
     """
 
     name: str

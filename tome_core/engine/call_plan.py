@@ -24,7 +24,7 @@ from .speed_check import GENERATION, Verdict, call_verdict, decided_call
 from .grid import TokenLayout
 from .kv import dit_window, keep_index, pick_index_nd
 from .slices import SequenceSlices
-from .token_merge import GridMatch, TokenMerge, match_grid, merge_window
+from .token_merge import GridMatch, TokenMerge, match_bands, match_grid, merge_window
 
 _LOG = logging.getLogger("tome.dit")
 
@@ -97,9 +97,13 @@ class MergeCall(PlannedCall):
 
     def __init__(self, stream: Optional[TokenLayout], step: Any = 0.0, destinations: Optional[torch.Tensor] = None,
                  text: int = 0, text_last: bool = False, reuse_key: Optional[Tuple] = None,
-                 probe: bool = False) -> None:
+                 probe: bool = False, slices: Optional[SequenceSlices] = None,
+                 bands: Tuple[int, Optional[Tuple[int, ...]]] = (1, None)) -> None:
         super().__init__(probe)
         self.stream, self.step, self.destinations, self.text = stream, step, destinations, text
+        # context parallelism: ``stream`` and ``text`` are this process's band (``slices.local_grid``), merged alone
+        self.slices = slices
+        self.bands = bands  # one process merging as (count) processes would, each band laid out as (grid)
         self.joint = None if stream is None else (
             TokenLayout(stream.grid, prefix=stream.prefix, suffix=stream.suffix + text) if text_last else
             TokenLayout(stream.grid, prefix=text + stream.prefix, suffix=stream.suffix))
@@ -136,8 +140,10 @@ class MergeCall(PlannedCall):
             if destinations.device != hidden.device:
                 destinations = destinations.to(hidden.device)
             tokens = hidden[:, stream.prefix:stream.prefix + stream.grid_tokens]
+            count, band = self.bands
             self.match = match_grid(tokens, stream.grid, config.ratio, destinations,
-                                    merge_window(stream.grid, config.sx, config.sy))
+                                    merge_window(stream.grid, config.sx, config.sy)) if count == 1 else \
+                match_bands(tokens, band, count, config.ratio, destinations, merge_window(band, config.sx, config.sy))
             if self.reuse_key is not None:
                 reuse.keep(self.reuse_key, self.match)
         return self.merge_on(stream)
@@ -159,6 +165,9 @@ class CallPlanner:
         self.forcing: Optional[bool] = None  # a speed-check repeat of the call is running: reduced (True) or whole
         self._decided: Dict[Tuple, Tuple[int, bool]] = {}  # (what, dtype, device) -> (verdicts' generation, reduce)
         self.notes: List[str] = []  # what describe() adds to the settings ("... ignores masks: plain")
+        # mode merge in one process: merge as this many context-parallel processes would, each its own band of rows
+        # (what a split call equals; 1: the whole grid)
+        self.bands = 1
 
     def decide(self, reading: CallReading, repeat: Optional[Callable[[], object]]) -> bool:
         """Whether the model call ``reading`` describes is reduced, asked before anything is planned.
@@ -185,7 +194,9 @@ class CallPlanner:
             # otherwise; untimed, every process reduces
             run = None if repeat is None or reading.slices is not None else \
                 (lambda reduced: self.repeat_forced(reduced, repeat))
-            found = call_verdict(config, what, dtype, device, run)
+            found = call_verdict(config, what, dtype, device, run, untimed=(
+                f"untimed under {reading.slices.setting}, where every process reduces alike"
+                if reading.slices is not None else "cannot repeat the call beside another hook on the model"))
         label = call_label(reading.layout.grid, reading.batch)  # "64x64 image tokens, batch 2": describe_verdicts
         if self.verdicts.get(label) != found:
             self.verdicts[label] = found
@@ -228,11 +239,20 @@ class CallPlanner:
                 keep = slices.gathered(layout, keep)
                 image = None if image is None else slices.gathered(layout.image_only(), image)
             return KVCall(layout, keep, step, image)
-        config = self.config
-        destinations = self.destinations_for(layout.grid, merge_window(layout.grid, config.sx, config.sy), step,
-                                             device)
+        config, slices, bands = self.config, reading.slices, (1, None)
+        if slices is not None or self.bands > 1:  # each process merges its own band of rows, alone
+            split = slices or SequenceSlices(self.bands, 0)
+            grid = split.local_grid(layout.grid, (config.sy, config.sx))
+            if grid is None:
+                raise ValueError(f"ToMe: {reading.model}: {split.refusal('merge', layout, 0, (config.sy, config.sx))}.")
+            if slices is not None:
+                layout = TokenLayout(grid)
+            else:
+                bands = (split.world, grid)
+        grid = bands[1] or layout.grid
+        destinations = self.destinations_for(grid, merge_window(grid, config.sx, config.sy), step, device)
         call = MergeCall(layout, step, destinations, reading.text, reading.text_last,
-                         reuse_key=(layout.grid, str(device)) if first else None)
+                         reuse_key=(layout.grid, str(device)) if first else None, slices=slices, bands=bands)
         if first and self.reuse.on:  # match_every: an earlier call's matching of this grid (no batch axis)
             call.match = self.reuse.take(call.reuse_key)
         return call

@@ -245,15 +245,15 @@ def decided_call(config: ToMeConfig, what: Tuple, dtype: torch.dtype, device: to
 
 
 def call_verdict(config: ToMeConfig, what: Tuple, dtype: torch.dtype, device: torch.device,
-                 run: Optional[Callable[[bool], object]], timer: Optional[Timer] = None) -> Verdict:
+                 run: Optional[Callable[[bool], object]], timer: Optional[Timer] = None,
+                 untimed: str = "cannot repeat the call beside another hook on the model") -> Verdict:
     """Whether reducing a transformer's model call pays: the call timed whole against reduced (``run``), once per
     ``what`` (the model class, its token layout and batch), dtype, device and setting, then cached. run None: the
-    host cannot repeat the call, so it is not timed (reduced, and the verdict says so)."""
+    call is not timed (reduced, and the verdict says why: ``untimed``)."""
     device = torch.device(device)
     label = device_label(device)
     if not should_time(config, device) or run is None:
-        return Verdict(reduce=True, speedup=None, device=label if run is not None else f"{label}: cannot repeat "
-                       "the call beside another hook on the model")
+        return Verdict(reduce=True, speedup=None, device=label if run is not None else f"{label}: {untimed}")
     key = _call_key(config, what, label, dtype, timer)
     found = _VERDICTS.get(key)
     if found is None:

@@ -124,6 +124,19 @@ def match_grid(tokens: torch.Tensor, grid: Sequence[int], ratio: float, destinat
     return GridMatch(merged_away, target, max(r, 0))
 
 
+def match_bands(tokens: torch.Tensor, band_grid: Sequence[int], bands: int, ratio: float,
+                destinations: torch.Tensor, window: Sequence[int]) -> GridMatch:
+    """``match_grid`` as ``bands`` processes of context parallelism each match their own band of the grid's tokens
+    [B, n, C] (``bands`` equal raster chunks, each laid out as ``band_grid``): one process reducing what a split
+    call reduces (``slices.SequenceSlices.local_grid``)."""
+    n = tokens.shape[1] // bands
+    parts = [match_grid(tokens[:, band * n:(band + 1) * n], band_grid, ratio, destinations, window)
+             for band in range(bands)]
+    return GridMatch(torch.cat([part.merged_away for part in parts]),
+                     torch.cat([part.target + band * n for band, part in enumerate(parts)]),
+                     sum(part.removed for part in parts))
+
+
 def _window_of_each_token(grid: Sequence[int], window: Sequence[int], device: torch.device) -> torch.Tensor:
     """[prod(grid)] the raster id of the window (in ``pick_index_nd``'s order) each grid token falls in."""
     ids = torch.zeros((), dtype=torch.long, device=device)

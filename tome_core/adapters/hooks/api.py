@@ -6,7 +6,7 @@ from typing import Optional, TypeVar
 from ...engine.config import ToMeConfig, require_all_blocks
 from ...engine.token_merge import ATTENTION_WORDS
 from . import dit as diffusers_dit
-from .context_parallel import context_slices, refuse as refuse_split
+from .context_parallel import refuse as refuse_split
 from .switched import refuse_fullgraph
 from .unet import STATE_ATTR, check_partners, install, uninstall
 from ...catalogue.families import TOMESD_RATIO, family_of_binding, short_title
@@ -51,8 +51,8 @@ def apply_patch(
     DiTs (the catalogue, tome_core.catalogue.families: Flux.1/.2, Chroma, Qwen-Image, SD3/3.5, Wan, HunyuanVideo,
     Lumina 2, Z-Image, LTX-Video, LTX-2) take mode "kv", and Flux.1/.2, Qwen-Image, Z-Image, Lumina 2, Wan and
     LTX-2 mode "merge" too (fewer image tokens through whole blocks; ``tome_core.engine.token_merge``). mode None:
-    "merge" on UNets (tomesd's), the family's default on DiTs (kv; merge on Qwen-Image, Z-Image / Lumina 2, Wan,
-    LTX-2), kv on a DiT under context parallelism (docs/DIFFUSERS.md, "Past one GPU").
+    "merge" on UNets (tomesd's), the family's default on DiTs (kv; merge on Flux, Qwen-Image, Z-Image / Lumina 2,
+    Wan, LTX-2); under context parallelism each process reduces its own chunk (docs/DIFFUSERS.md, "Past one GPU").
     ratio None: tomesd's 0.5 on UNets; on a DiT its family's default ratio in the family's default mode
     (``ModelFamily.default_ratio``: the fastest setting at or under tomesd's error on SD1.5, measured; 0.5 in the
     other mode; ``tome_core.catalogue.quality`` says what the default and a higher ratio cost).
@@ -75,8 +75,8 @@ def apply_patch(
         dit = diffusers_dit.find_dit(model)
         binding = diffusers_dit.family_of(dit) if dit is not None else None
         family = family_of_binding(binding) if binding is not None else None
-        if mode is None:  # under context parallelism only kv follows the split (context_parallel.py)
-            merges = binding is not None and binding.merge is not None and context_slices(dit) is None
+        if mode is None:
+            merges = binding is not None and binding.merge is not None
             mode = family.mode_for(merges) if family is not None else "merge"
         if ratio is None:
             ratio = family.ratio_for(mode) if family is not None else TOMESD_RATIO

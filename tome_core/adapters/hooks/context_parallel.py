@@ -3,7 +3,7 @@ from the model's own parallel config, and what ToMe refuses under it.
 
 ``enable_parallelism`` puts diffusers' split hooks (``_cp_plan``) inside the module's forward, so ToMe's forward
 pre-hook on the transformer reads the whole, unsplit call on every process, and every process derives the same
-layout and plan from it. The split is read from ``_parallel_config.context_parallel_config``: its flattened mesh is
+layout and plan from it (mode merge: each process its own band, ``engine.slices``). The split is read from ``_parallel_config.context_parallel_config``: its flattened mesh is
 the group diffusers chunks the sequence over (``EquipartitionSharder``), this process's chunk its local rank. It is
 read at every call (a model may be made parallel after ``apply_patch``) and refused, naming the setting and what
 works, before any block of the first call runs: never a silent no-op, a mid-run crash or a hang.
@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from ...catalogue.diffusers_lookup import bindings, family_of
+from ...catalogue.families import family_of_binding
 from ...engine.config import ToMeConfig
 from ...engine.grid import TokenLayout
 from ...engine.slices import SequenceSlices
@@ -34,7 +35,7 @@ def context_slices(model: torch.nn.Module) -> Optional[SequenceSlices]:
 
 
 def context_parallel_names() -> str:
-    """The diffusers families mode kv reduces under context parallelism, for messages."""
+    """The diffusers families ToMe reduces under context parallelism, for messages."""
     return ", ".join(binding.name for binding in bindings() if binding.context_parallel)
 
 
@@ -47,8 +48,13 @@ def refuse(model: torch.nn.Module, config: ToMeConfig, layout: Any = None) -> Op
         return slices
     family, name = family_of(model), type(model).__name__
     if family is None or not family.context_parallel:
-        why = (f"ToMe does not know how it splits {name}'s tokens; under context parallelism mode kv reduces "
+        why = (f"ToMe does not know how it splits {name}'s tokens; under context parallelism ToMe reduces "
                f"{context_parallel_names()}")
+    elif config.mode == "merge":
+        stream = None if layout is None else TokenLayout(layout.grid, prefix=layout.before, suffix=layout.after)
+        text = 0 if layout is None or family.text == "separate" else layout.text  # Wan's text is not split
+        why = slices.refusal("merge", stream, text, (config.sy, config.sx),
+                             family_of_binding(family).attention_for(config))
     else:
         why = slices.refusal(config.mode, layout if isinstance(layout, TokenLayout) else None)
     if why:

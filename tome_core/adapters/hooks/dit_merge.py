@@ -75,8 +75,19 @@ class DiTMergeState(DiTCallState):
             self.takes_mask.clear()
             self.active_backend = active
         weight = self.weight
-        return CallReading(stream, step, batch, weight.dtype, weight.device, self.model_name, text=tokens.text,
-                           text_last=self.family.text == "last")
+        text = tokens.text
+        if slices is not None:  # this process's text: split beside the grid, Wan's (cross-attended apart) whole
+            text = text // slices.world if self.family.text != "separate" else text
+            self.note_split(slices)
+        return CallReading(stream, step, batch, weight.dtype, weight.device, self.model_name, text=text,
+                           text_last=self.family.text == "last", slices=slices)
+
+    def note_split(self, slices: Any) -> None:
+        """Say once, in describe(), that each process merges its own band."""
+        note = (f"under {slices.setting}: each of the {slices.world} processes merges its own band of the grid "
+                "(its chunk of rows or frames), as many tokens on each")
+        if note not in self.notes:
+            self.notes.append(note)
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -100,14 +111,23 @@ class _WeighedKeys(TorchFunctionMode):
             keys = bound["key"].shape[-2]
             cached = (self.stream, keys)  # one bias per stream and key count in a call
             if cached not in self.call.bias:
-                self.call.bias[cached] = key_bias(self.merge, self.stream, keys, self.call.text, self.text_first,
-                                                  self.how)
+                self.call.bias[cached] = self._bias(keys)
             bias = self.call.bias[cached]
             if bias is not None:
                 query = bound["query"]
                 bound["attn_mask"] = biased_mask(bound.get("attn_mask"), bias, query.dtype, query.ndim)
                 return func(**bound)
         return func(*args, **kwargs)
+
+
+    def _bias(self, keys: int) -> Optional[torch.Tensor]:
+        """``key_bias`` of ``keys`` keys; under Ulysses context parallelism the keys are every process's own
+        ([text_0, band_0, text_1, band_1, ...]), each laid out as this one's, so the bias is this process's repeated."""
+        merge, slices, own = self.merge, self.call.slices, keys
+        if slices is not None and keys % slices.world == 0 and keys not in (merge.slots, merge.slots + self.call.text):
+            own = keys // slices.world
+        bias = key_bias(merge, self.stream, own, self.call.text, self.text_first, self.how)
+        return bias.repeat(keys // own) if bias is not None and own != keys else bias
 
 
 class _FirstWeighing(_WeighedKeys):
@@ -217,6 +237,14 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
         named = _keywords(module, args, kwargs)
         hidden = None if named is None else named.get(inputs.hidden)
         stream = call.joint if joint else call.stream  # Flux.2's single blocks take [text, image]
+        # context parallelism: a block whose input the host splits inside its own call (diffusers' _cp_plan on
+        # Qwen-Image's and Wan's first block) sees every process's tokens here: it merges its own and hands the
+        # block them at its place in an input as long, which the host's split hands back
+        slices = call.slices
+        carried = slices is not None and isinstance(hidden, torch.Tensor) and hidden.ndim == 3 and \
+            hidden.shape[1] == slices.world * stream.length
+        if carried:
+            hidden = slices.own(hidden, 1)
         if not isinstance(hidden, torch.Tensor) or hidden.ndim != 3 or hidden.shape[1] != stream.length:
             state.warn_once(f"skip:{name}", f"ToMe: {name}: its image stream does not match the call's layout "
                             f"{stream}; this block runs whole.")
@@ -228,7 +256,7 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
             return None
         merge = call.matched(hidden, stream, state.config, state.reuse)
         merged = merge.merge(hidden)
-        named[inputs.hidden] = merged
+        named[inputs.hidden] = slices.carrier(merged, 1) if carried else merged
         for key in inputs.rope_keys:
             rope = named.get(key)
             if rope is not None and inputs.rope is not None:
@@ -242,6 +270,9 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
             value = named.get(key)
             if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == merge.length:
                 named[key] = merge.take(value, 1)
+            elif slices is not None and isinstance(value, torch.Tensor) and value.ndim >= 2 and \
+                    value.shape[1] == slices.world * merge.length:  # split by the host inside the call (Qwen's)
+                named[key] = slices.carrier(merge.take(slices.own(value, 1), 1), 1)
         state.pending[id(module)] = (hidden, merged, merge)
         if state.attention == "proportional" or state.attention == "balanced" and (
                 stream.prefix + stream.suffix > 0 or not joint and call.text > 0 and state.family.text != "separate"):
