@@ -7,7 +7,8 @@ without and with ToMe (mode kv, ratio 0.5), then the same weights under ``Contex
 alone, with ToMe, at ratio 0 and after ``remove_patch``, each rank's kept key count; the same for mode merge against
 one process merging the same bands (and Wan with 3 latent frames: bands of rows across frames); mode merge under
 Ring attention (``ring_degree=2``, diffusers' ring with the CPU's flash kernel per step); then the settings ToMe
-refuses before the first step.
+refuses before the first step. With a second argument ``both`` (four processes): mode merge under Ulysses and Ring
+together (``ulysses_degree=2, ring_degree=2``).
 """
 import datetime
 import json
@@ -70,9 +71,10 @@ def cpu_flash_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, 
     return (out, lse) if return_lse else out
 
 
-def ring_merge():
-    """Mode merge under diffusers' real Ring attention (ring_degree=2), its per-step kernel the CPU's
-    (``cpu_flash_forward_op``): each family against one process merging the same bands, plain attention."""
+def ring_merge(**degrees):
+    """Mode merge under diffusers' real Ring attention (``degrees``: ring_degree, and ulysses_degree for both), its
+    per-step kernel the CPU's (``cpu_flash_forward_op``): each family against one process merging the same bands,
+    plain attention (the ring's kernel takes no bias: balanced attention runs plain there, and says so)."""
     import diffusers.models.attention_dispatch as dispatch
     import tome_core
     from diffusers import ContextParallelConfig
@@ -86,19 +88,22 @@ def ring_merge():
             inputs = make_dit_inputs(local, family, 2, 128, 128, frames=5 if family == "wan" else 1)
             vanilla = forward(local, inputs)
             tome_core.apply_patch(local, ratio=0.5, mode="merge", merge_attention="plain")
-            local.__dict__["_tome_dit"].bands = 2
+            local.__dict__["_tome_dit"].bands = dist.get_world_size()
             banded = forward(local, inputs)
-            split.enable_parallelism(config=ContextParallelConfig(ring_degree=2))
+            split.enable_parallelism(config=ContextParallelConfig(**degrees))
             alone = forward(split, inputs)
             tome_core.apply_patch(split, ratio=0.5, mode="merge", merge_attention="plain")
             reduced = forward(split, inputs)
             slots = [None] * dist.get_world_size()
             dist.all_gather_object(slots, int(split.__dict__["_tome_dit"].current.merge.slots))
+            tome_core.apply_patch(split, ratio=0.5, mode="merge")  # the family's attention: Qwen-Image's balanced
+            forward(split, inputs)
+            notes = [line for line in tome_core.describe(split).splitlines() if "ignores masks" in line]
             tome_core.remove_patch(split)
             found[family] = {"split_alone_vs_vanilla": rel(alone, vanilla), "split_tome_vs_split_alone":
                              rel(reduced, alone), "split_tome_vs_one_process_bands": rel(reduced, banded),
                              "removed_equals_split_alone": bool(torch.equal(forward(split, inputs), alone)),
-                             "slots_per_rank": slots}
+                             "slots_per_rank": slots, "default_attention_notes": notes}
     finally:
         dispatch._native_attention_forward_op = native
     return found
@@ -141,7 +146,9 @@ def main(out_path):
             tome_core.remove_patch(split)
             tome_core.apply_patch(split, ratio=0.5, speed_check="on")  # asked to time: not alone under the split
             timed_once = torch.equal(forward(split, inputs), forward(split, inputs))
-            speed_check = tome_core.describe(split)
+            speed_check = [None] * dist.get_world_size()
+            dist.all_gather_object(speed_check, [line for line in tome_core.describe(split).splitlines()
+                                                 if "tokens, batch" in line])
             tome_core.remove_patch(split)
             merged = merge_under_split(local, split, inputs, alone, vanilla)
             results[family] = {
@@ -150,14 +157,14 @@ def main(out_path):
                 "ratio0_equals_split_alone": bool(torch.equal(zero, alone)),
                 "removed_equals_split_alone": bool(torch.equal(removed, alone)),
                 "kept_keys_and_reduced_calls_per_rank": counts, "one_process_kept_keys": one_kept,
-                "default_mode": default_mode, "merge": merged, "speed_check_on": speed_check,
+                "default_mode": default_mode, "merge": merged, "speed_check_on_per_rank": speed_check,
                 "speed_check_repeatable": timed_once}
         wan = build_dit("wan", scale="tiny"), build_dit("wan", scale="tiny")  # 3 latent frames: bands of 12 rows
         odd = make_dit_inputs(wan[0], "wan", 2, 128, 128, frames=9)
         wan[1].enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
         results["wan_3_frames"] = {"merge": merge_under_split(wan[0], wan[1], odd, forward(wan[1], odd),
                                                               forward(wan[0], odd))}
-        results["ring"] = ring_merge()
+        results["ring"] = ring_merge(ring_degree=2)
         refused = {}
         for name, config, mode in (("ring", dict(ring_degree=2), "kv"),
                                    ("uneven", dict(ulysses_degree=2, ulysses_anything=True), "kv"),
@@ -185,5 +192,18 @@ def main(out_path):
     dist.destroy_process_group()
 
 
+def both(out_path):
+    """Four processes: Ulysses and Ring together (ulysses_degree=2, ring_degree=2), mode merge."""
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    torch.accelerator.device_count = lambda: 1
+    torch.set_num_threads(1)
+    with torch.no_grad():
+        found = ring_merge(ulysses_degree=2, ring_degree=2)
+    if dist.get_rank() == 0:
+        with open(out_path, "w") as handle:
+            json.dump(found, handle, indent=1)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    both(sys.argv[1]) if sys.argv[2:] == ["both"] else main(sys.argv[1])

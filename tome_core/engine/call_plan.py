@@ -188,15 +188,18 @@ class CallPlanner:
 
     def _decide(self, key: Tuple, reading: CallReading, repeat: Optional[Callable[[], object]]) -> bool:
         config, (what, dtype, device) = self.config, key
-        found = decided_call(config, what, dtype, device)
+        slices = reading.slices
+        # context parallel: every process times the call together (each repeat runs their collectives) and takes one
+        # verdict (``agree``); a host without a collective does not time (a process timing alone would repeat
+        # collectives its peers do not, and could decide otherwise): every process reduces
+        agree = None if slices is None else slices.agree
+        found = None if agree is not None else decided_call(config, what, dtype, device)
         if found is None:
-            # context parallel: a process timing alone would repeat collectives its peers do not, and could decide
-            # otherwise; untimed, every process reduces
-            run = None if repeat is None or reading.slices is not None else \
+            run = None if repeat is None or (slices is not None and agree is None) else \
                 (lambda reduced: self.repeat_forced(reduced, repeat))
-            found = call_verdict(config, what, dtype, device, run, untimed=(
-                f"untimed under {reading.slices.setting}, where every process reduces alike"
-                if reading.slices is not None else "cannot repeat the call beside another hook on the model"))
+            found = call_verdict(config, what, dtype, device, run, agree=agree, untimed=(
+                f"untimed under {slices.setting} without a collective to agree by, where every process reduces alike"
+                if slices is not None else "cannot repeat the call beside another hook on the model"))
         label = call_label(reading.layout.grid, reading.batch)  # "64x64 image tokens, batch 2": describe_verdicts
         if self.verdicts.get(label) != found:
             self.verdicts[label] = found

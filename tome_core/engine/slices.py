@@ -14,8 +14,8 @@ Host-free: a host reads ``world`` and ``rank`` from its own parallel config.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -26,13 +26,16 @@ from .grid import TokenLayout
 class SequenceSlices:
     """How a call's sequence is split: ``world`` processes, this one ``rank``; ``ring``: Ring attention (each
     attention step sees one process's chunk of keys); ``uneven``: chunks of unequal length allowed (diffusers'
-    ``ulysses_anything`` / ``ring_anything``)."""
+    ``ulysses_anything`` / ``ring_anything``); ``agree``: the host's collective over the split's processes."""
 
     world: int
     rank: int
     ring: bool = False
     uneven: bool = False
     setting: str = ""  # the host's words for the parallel setting, for messages
+    # (value, "max" or "min") -> that over every process of the split: the host's collective, which the speed check
+    # takes one verdict with (None: a host without one; the speed check then does not time)
+    agree: Optional[Callable[[float, str], float]] = field(default=None, compare=False, repr=False)
 
     def refusal(self, mode: str, layout: Optional[TokenLayout] = None, text: int = 0,
                 window: Sequence[int] = (2, 2), attention: str = "plain") -> Optional[str]:

@@ -107,17 +107,18 @@ class _Attention:
 
 
 def measure_speedup(config: ToMeConfig, shape: Optional[LevelShape], device: torch.device, dtype: torch.dtype,
-                    run: Optional[Callable[[bool], object]] = None, clock: Optional[Clock] = None) -> float:
+                    run: Optional[Callable[[bool], object]] = None, clock: Optional[Clock] = None,
+                    agree: Optional["Agree"] = None) -> float:
     """t_whole / t_reduced on ``device``: of the real model call where the host can repeat it (``run``: the call as
     the user gets it, whole or reduced, per-call set-up, hooks, launches and the rest of the model included:
-    ``time_calls``), else of the level's self-attention over its blocks (per block the merge or key/value
-    reduction, the attention on the fewer tokens and the unmerge, plus the matching: once per level with matching
-    "level", else once per block). Each side is a steady span as the benchmark times its rows (``timing``);
+    ``time_calls``; ``agree``: split across processes, timed together), else of the level's self-attention over its
+    blocks (per block the merge or key/value reduction, the attention on the fewer tokens and the unmerge, plus the
+    matching: once per level with matching "level", else once per block). Each side is a steady span as the benchmark times its rows (``timing``);
     ``clock`` replaces the device's clock (tests).
     """
     clock = clock or clock_for(device)
     if run is not None:
-        return time_calls(run, clock)
+        return time_calls(run, clock, agree)
     return _time_attention(config, shape, device, dtype, clock)
 
 
@@ -180,15 +181,22 @@ def span_calls(fn: Callable[[], object], clock: Clock) -> int:
     return calls_for(span(fn, clock, 1)[0], STEADY_SPAN_S, 2, STEADY_MAX_CALLS)
 
 
-def time_calls(run: Callable[[bool], object], clock: Clock) -> float:
+Agree = Callable[[float, str], float]  # (value, "max" or "min") -> that over every process of a split call
+
+
+def time_calls(run: Callable[[bool], object], clock: Clock, agree: Optional[Agree] = None) -> float:
     """The model call's speed-up as the benchmark measures a row: after one warm-up call of each side, steady spans
     alternated whole, reduced, whole, ... whole (``CALL_ROUNDS`` reduced spans); each reduced span against the mean
     of the whole spans beside it, so a clock or host drifting during the check cannot decide the sign; the median.
-    ``run(reduced)`` must be the call as the user gets it: the patch's per-call set-up included."""
+    ``run(reduced)`` must be the call as the user gets it: the patch's per-call set-up included. ``agree``: the call
+    is split across processes (context parallelism), each running its collectives: every process runs as many calls
+    per span (the most any asks for)."""
     ratios = []
     with torch.no_grad():
         run(False), run(True)  # warm-up: kernels chosen, caches filled, the patch's one-time work done
         calls = span_calls(lambda: run(False), clock)
+        if agree is not None:
+            calls = int(agree(calls, "max"))
         whole = [span(lambda: run(False), clock, calls)[0]]
         for _ in range(CALL_ROUNDS):
             reduced = span(lambda: run(True), clock, calls)[0]
@@ -246,18 +254,27 @@ def decided_call(config: ToMeConfig, what: Tuple, dtype: torch.dtype, device: to
 
 def call_verdict(config: ToMeConfig, what: Tuple, dtype: torch.dtype, device: torch.device,
                  run: Optional[Callable[[bool], object]], timer: Optional[Timer] = None,
-                 untimed: str = "cannot repeat the call beside another hook on the model") -> Verdict:
+                 untimed: str = "cannot repeat the call beside another hook on the model",
+                 agree: Optional[Agree] = None) -> Verdict:
     """Whether reducing a transformer's model call pays: the call timed whole against reduced (``run``), once per
     ``what`` (the model class, its token layout and batch), dtype, device and setting, then cached. run None: the
-    call is not timed (reduced, and the verdict says why: ``untimed``)."""
+    call is not timed (reduced, and the verdict says why: ``untimed``). ``agree``: the call is split across
+    processes, which time it together (each repeat runs every process's collectives) and take one verdict: every
+    process times where any has no verdict yet, as many calls on each, and keeps the lowest speed-up measured."""
     device = torch.device(device)
     label = device_label(device)
     if not should_time(config, device) or run is None:
         return Verdict(reduce=True, speedup=None, device=label if run is not None else f"{label}: {untimed}")
     key = _call_key(config, what, label, dtype, timer)
     found = _VERDICTS.get(key)
+    if agree is not None and agree(float(found is None), "max"):
+        found = None
     if found is None:
-        speedup = (timer or measure_speedup)(config, None, device, dtype, run=run)
+        together = {} if agree is None else {"agree": agree}
+        speedup = (timer or measure_speedup)(config, None, device, dtype, run=run, **together)
+        if agree is not None:
+            speedup = agree(speedup, "min")
+            label += " (every process of the split, the slowest)"
         found = _VERDICTS[key] = Verdict(reduce=speedup > PAYS_ABOVE, speedup=round(float(speedup), 3),
                                          device=label)
     return found

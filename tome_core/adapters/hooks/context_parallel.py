@@ -10,7 +10,7 @@ works, before any block of the first call runs: never a silent no-op, a mid-run 
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -31,7 +31,20 @@ def context_slices(model: torch.nn.Module) -> Optional[SequenceSlices]:
     uneven = bool(getattr(config, "ulysses_anything", False) or getattr(config, "ring_anything", False))
     setting = f"context parallelism (ulysses_degree={ulysses}, ring_degree={ring}" + \
         (", uneven chunks)" if uneven else ")")
-    return SequenceSlices(mesh.size(), mesh.get_local_rank(), ring=ring > 1, uneven=uneven, setting=setting)
+    return SequenceSlices(mesh.size(), mesh.get_local_rank(), ring=ring > 1, uneven=uneven, setting=setting,
+                          agree=_agreement(mesh.get_group(), next(model.parameters()).device))
+
+
+def _agreement(group: Any, device: torch.device) -> Callable[[float, str], float]:
+    """The split's collective for the speed check: a value's max or min over the group's processes (one all-reduce
+    of one number, on the model's device: NCCL takes CUDA tensors only; asked only while the speed check decides)."""
+    import torch.distributed as dist
+
+    def agree(value: float, how: str) -> float:
+        found = torch.full((1,), float(value), dtype=torch.float64, device=device)
+        dist.all_reduce(found, op=dist.ReduceOp.MAX if how == "max" else dist.ReduceOp.MIN, group=group)
+        return float(found.item())
+    return agree
 
 
 def context_parallel_names() -> str:

@@ -22,6 +22,7 @@ from .context_parallel import refuse as refuse_split
 from .switched import SwitchedHooks
 from .unet import not_compiled
 
+CONTEXT_PARALLEL_HOOKS = ("cp_input---", "cp_output---")  # diffusers.hooks.context_parallel's hook names
 STATE_ATTR = "_tome_dit"  # one attribute for both DiT modes: remove_patch and is_patched treat them alike
 
 
@@ -84,8 +85,9 @@ def _plan(state: DiTCallState, model: torch.nn.Module, args: tuple, kwargs: dict
         return None
     reading = state.reading(found, step, family.batch(args, kwargs), slices)
     # the speed check repeats the call through this hook; not where a diffusers hook on the model itself (a step
-    # cache) would count the repeats as steps
-    repeat = None if getattr(model.__dict__.get("_diffusers_hook"), "hooks", None) else \
+    # cache) would count the repeats as steps (context parallelism's split and gather hooks keep no state)
+    hooks = getattr(model.__dict__.get("_diffusers_hook"), "hooks", None)
+    repeat = None if hooks and any(not name.startswith(CONTEXT_PARALLEL_HOOKS) for name in hooks) else \
         (lambda: _again(model, args, kwargs))
     plan = state.plan(reading, repeat)
     if plan is not None:

@@ -121,12 +121,13 @@ class _WeighedKeys(TorchFunctionMode):
 
 
     def _bias(self, keys: int) -> Optional[torch.Tensor]:
-        """``key_bias`` of ``keys`` keys; under Ulysses context parallelism the keys are every process's own
-        ([text_0, band_0, text_1, band_1, ...]), each laid out as this one's, so the bias is this process's repeated."""
-        merge, slices, own = self.merge, self.call.slices, keys
-        if slices is not None and keys % slices.world == 0 and keys not in (merge.slots, merge.slots + self.call.text):
-            own = keys // slices.world
-        bias = key_bias(merge, self.stream, own, self.call.text, self.text_first, self.how)
+        """``key_bias`` of ``keys`` keys; under Ulysses context parallelism the keys are the Ulysses group's processes'
+        own ([text_0, band_0, text_1, band_1, ...]), each laid out as this one's, so the bias is this process's
+        repeated."""
+        merge, text, own = self.merge, self.call.text, keys
+        if self.call.slices is not None and keys not in (merge.slots, merge.slots + text):
+            own = next((local for local in (merge.slots + text, merge.slots) if keys % local == 0), keys)
+        bias = key_bias(merge, self.stream, own, text, self.text_first, self.how)
         return bias.repeat(keys // own) if bias is not None and own != keys else bias
 
 
