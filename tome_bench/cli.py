@@ -293,6 +293,19 @@ def context_parallel_command(args: argparse.Namespace) -> list[str]:
     sides = [w for w, h in args.res] if args.res else [256, 768]
     if args.res and any(w != h for w, h in args.res):
         raise UsageError("--context-parallel: square sizes only (--res 256,768)")
+    if kind == "ulysses":
+        from tome_bench.dit_models import build_dit
+
+        for family in families:  # the tiny models' heads: Ulysses splits them across the processes
+            heads = build_dit(family, scale="tiny").config.num_attention_heads
+            if heads % int(degree):
+                raise UsageError(f"--context-parallel ulysses:{degree}: the tiny {family} model has {heads} attention "
+                                 f"heads, which Ulysses attention splits across the processes: use a degree that "
+                                 f"divides {heads}, or ring:{degree}")
+    bad = [side for side in sides if (side // 16) % int(degree)]
+    if bad:
+        raise UsageError(f"--context-parallel: sides {', '.join(map(str, bad))} px: their token rows (side / 16) do "
+                         f"not split into {degree} bands of whole rows; use multiples of {16 * int(degree)} px")
     return [sys.executable, "-m", "tome_bench.experiments.context_parallel", "--processes", degree,
             "--attention", kind, "--modes", ",".join(modes),
             "--families", ",".join(families), "--sizes", ",".join(str(side) for side in sides),

@@ -176,6 +176,10 @@ def main(out_path):
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
         refused["proportional"] = error_of(lambda: tome_core.apply_patch(model, ratio=0.5, mode="merge",
                                                                           merge_attention="proportional"))
+        config = dict(build_dit("flux", scale="tiny").config, num_attention_heads=3)  # Ulysses splits the heads
+        model = type(build_dit("flux", scale="tiny")).from_config(config)
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+        refused["heads"] = error_of(lambda: tome_core.apply_patch(model, ratio=0.5))
         model = build_dit("ltx2", scale="tiny")
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
         refused["unknown_split"] = error_of(lambda: tome_core.apply_patch(model, ratio=0.5, mode="kv"))

@@ -46,6 +46,9 @@ def test_what_a_split_cannot_take_is_named():
     assert "reference" in split.refusal("merge", TokenLayout((8, 8), suffix=4))
     assert "proportional" in split.refusal("merge", attention="proportional")
     assert "latent frames divide by 2" in split.refusal("merge", TokenLayout((3, 5, 8)))
+    ulysses = SequenceSlices(world=4, rank=0, ulysses=4)
+    assert "ulysses_degree=4 does not divide its 6 attention heads" in ulysses.heads_refusal(6)
+    assert ulysses.heads_refusal(8) is None and SequenceSlices(4, 0, ring=True).heads_refusal(6) is None
     assert "Ulysses" in SequenceSlices(2, 0, ring=True).refusal("kv")
     assert "ulysses_anything" in SequenceSlices(2, 0, uneven=True).refusal("kv")
     assert "49 image tokens do not split into 2" in split.refusal("kv", TokenLayout((7, 7), prefix=512))
@@ -171,6 +174,7 @@ def test_what_tome_cannot_follow_is_refused_before_the_first_step(two_processes)
         refused["proportional"]
     assert "7x7 token grid's 7 rows do not split into 2 bands" in refused["odd_rows"] and "or mode 'kv'" in \
         refused["odd_rows"]
+    assert "ulysses_degree=2 does not divide its 3 attention heads" in refused["heads"]
     assert "LTX2VideoTransformer3DModel" in refused["unknown_split"] and "flux, qwen_image, wan" in \
         refused["unknown_split"]
     assert "512 text and 49 image tokens do not split into 2 equal chunks" in refused["odd_tokens"]

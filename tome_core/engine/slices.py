@@ -33,6 +33,7 @@ class SequenceSlices:
     ring: bool = False
     uneven: bool = False
     setting: str = ""  # the host's words for the parallel setting, for messages
+    ulysses: int = 1  # the processes Ulysses attention gathers over (its all-to-all splits the heads among them)
     # (value, "max" or "min") -> that over every process of the split: the host's collective, which the speed check
     # takes one verdict with (None: a host without one; the speed check then does not time)
     agree: Optional[Callable[[float, str], float]] = field(default=None, compare=False, repr=False)
@@ -100,6 +101,14 @@ class SequenceSlices:
             return None
         height, width = grid
         return (height // self.world, width) if height % self.world == 0 else None
+
+    def heads_refusal(self, heads: Optional[int]) -> Optional[str]:
+        """Why the split cannot run a model of ``heads`` attention heads at all (with or without ToMe), else None."""
+        if heads and self.ulysses > 1 and heads % self.ulysses:
+            return (f"ulysses_degree={self.ulysses} does not divide its {heads} attention heads, which Ulysses "
+                    "attention splits across the processes (it would fail inside the attention, ToMe or not): pick a "
+                    "ulysses_degree that divides them")
+        return None
 
     def own(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """This process's chunk of ``x`` along ``dim`` (as the host's even split hands it)."""

@@ -32,6 +32,7 @@ def context_slices(model: torch.nn.Module) -> Optional[SequenceSlices]:
     setting = f"context parallelism (ulysses_degree={ulysses}, ring_degree={ring}" + \
         (", uneven chunks)" if uneven else ")")
     return SequenceSlices(mesh.size(), mesh.get_local_rank(), ring=ring > 1, uneven=uneven, setting=setting,
+                          ulysses=ulysses,
                           agree=_agreement(mesh.get_group(), next(model.parameters()).device))
 
 
@@ -60,6 +61,9 @@ def refuse(model: torch.nn.Module, config: ToMeConfig, layout: Any = None) -> Op
     if slices is None or not config.enabled:
         return slices
     family, name = family_of(model), type(model).__name__
+    heads = slices.heads_refusal(getattr(getattr(model, "config", None), "num_attention_heads", None))
+    if heads:
+        raise ValueError(f"ToMe: {name} under {slices.setting}: {heads}.")
     if family is None or not family.context_parallel:
         why = (f"ToMe does not know how it splits {name}'s tokens; under context parallelism ToMe reduces "
                f"{context_parallel_names()}")
