@@ -294,14 +294,17 @@ def context_parallel_command(args: argparse.Namespace) -> list[str]:
     if args.res and any(w != h for w, h in args.res):
         raise UsageError("--context-parallel: square sizes only (--res 256,768)")
     if kind == "ulysses":
-        from tome_bench.dit_models import build_dit
+        import torch
 
-        for family in families:  # the tiny models' heads: Ulysses splits them across the processes
-            heads = build_dit(family, scale="tiny").config.num_attention_heads
+        from tome_bench.dit_models import dit_config
+
+        scale = "full" if torch.cuda.is_available() else "tiny"  # the experiment's models (tiny on the CPU)
+        for family in families:  # their heads: Ulysses splits them across the processes
+            heads = dit_config(family, 2, scale)[1]["num_attention_heads"]
             if heads % int(degree):
-                raise UsageError(f"--context-parallel ulysses:{degree}: the tiny {family} model has {heads} attention "
-                                 f"heads, which Ulysses attention splits across the processes: use a degree that "
-                                 f"divides {heads}, or ring:{degree}")
+                raise UsageError(f"--context-parallel ulysses:{degree}: the {scale} {family} model has {heads} "
+                                 f"attention heads, which Ulysses attention splits across the processes: use a "
+                                 f"degree that divides {heads}, or ring:{degree}")
     bad = [side for side in sides if (side // 16) % int(degree)]
     if bad:
         raise UsageError(f"--context-parallel: sides {', '.join(map(str, bad))} px: their token rows (side / 16) do "

@@ -19,7 +19,7 @@ from tome_bench import cli  # noqa: E402
     (["--context-parallel", "ulysses:2", "--families", "sd15"], "sd15 not measured under context parallelism"),
     (["--context-parallel", "ulysses:2", "--methods", "vanilla,tomesd"], "ToMe-CP runs modes kv and merge"),
     (["--context-parallel", "ulysses:2", "--res", "256x128"], "square sizes only"),
-    (["--context-parallel", "ulysses:4"], "the tiny flux model has 2 attention heads"),
+    (["--context-parallel", "ulysses:4"], "model has 2 attention heads"),
     (["--context-parallel", "ulysses:2", "--res", "272"], "sides 272 px: their token rows (side / 16) do not split"),
 ])
 def test_bad_settings_are_refused_before_any_process_starts(argv, message, capsys, tmp_path):

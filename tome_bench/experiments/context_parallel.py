@@ -6,7 +6,8 @@ the CPU, nccl on GPUs):
     python -m tome_bench.experiments.context_parallel --processes 2 --families flux,qwen_image,wan \\
         --sizes 256,768 --repeats 5
 
-Each family's tiny model (``dit_models.build_dit(scale="tiny")``, batch 2, Wan 5 frames) is made parallel with
+Each family's model (``dit_models.build_dit``: tiny on the CPU; on GPUs the released width, 2 blocks of each kind,
+bf16; batch 2, Wan 5 frames on the CPU, 33 on GPUs) is made parallel with
 ``ContextParallelConfig(ulysses_degree=N)`` (``--attention ring``: ``ring_degree=N`` on diffusers' cuDNN backend, CUDA
 only); its forward is timed whole-call on every process (a barrier before each call, the slowest process's time
 kept), vanilla and ``apply_patch(mode=...)`` for each of ``--modes`` alternated, medians reported with their ratios.
@@ -14,7 +15,8 @@ Beside the time: the bytes Ulysses' all-to-alls move per forward on one process 
 ``attention_dispatch._all_to_all_single``, counted by wrapping it for the run), and ToMe-CP's relative output change
 against vanilla-CP. Mode kv picks the kept keys after the all-to-all, so it moves as many bytes as vanilla: its gain
 is the attention's work on each process; mode merge carries fewer tokens through its blocks on each process, so its
-all-to-alls move fewer bytes too. Rank 0 writes ``docs/results/context_parallel_<device>.json``.
+all-to-alls move fewer bytes too. Rank 0 writes ``docs/results/context_parallel_<device>.json`` (Ring:
+``context_parallel_ring_cuda.json``).
 """
 from __future__ import annotations
 
@@ -67,12 +69,15 @@ def timed(model: torch.nn.Module, inputs: dict) -> float:
     return float(elapsed)
 
 
-def run_family(family: str, size: int, repeats: int, ratio: float, modes: List[str], attention: str) -> dict:
+def run_family(family: str, size: int, repeats: int, ratio: float, modes: List[str], attention: str,
+               model_kind: dict) -> dict:
     from diffusers import ContextParallelConfig
 
     world = dist.get_world_size()
-    model = build_dit(family, scale="tiny")
-    inputs = make_dit_inputs(model, family, 2, size, size, frames=5 if family == "wan" else 1)
+    device, dtype, frames = model_kind["device"], model_kind["dtype"], model_kind["frames"] if family == "wan" else 1
+    model = build_dit(family, blocks=model_kind["blocks"], scale=model_kind["scale"], dtype=dtype).to(device)
+    inputs = {key: value.to(device) if isinstance(value, torch.Tensor) else value
+              for key, value in make_dit_inputs(model, family, 2, size, size, frames=frames, dtype=dtype).items()}
     if attention == "ring":  # the ring needs each step's log-sum-exp: a CUDA backend of diffusers' that returns it
         model.set_attention_backend("_native_cudnn")
     model.enable_parallelism(config=ContextParallelConfig(**{f"{attention}_degree": world}))
@@ -100,7 +105,7 @@ def run_family(family: str, size: int, repeats: int, ratio: float, modes: List[s
     finally:
         counter.close()
     median = {side: statistics.median(values) for side, values in times.items()}
-    return {"size": size, "frames": 5 if family == "wan" else 1, f"{attention}_degree": world, "ratio": ratio,
+    return {"size": size, "frames": frames, f"{attention}_degree": world, "ratio": ratio,
             "median_s": {side: round(value, 4) for side, value in median.items()},
             "speedup": {mode: round(median["vanilla"] / median[mode], 3) for mode in modes},
             "all_to_all_bytes_per_forward": volume, "tome_vs_vanilla_rel": change}
@@ -114,6 +119,10 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.5)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
     parser.add_argument("--processes", type=int, default=2, help="processes (GPUs) the sequence is split over")
+    parser.add_argument("--scale", choices=("tiny", "full"), default=None,
+                        help="the models' width: tiny (2 small heads), full (the released width, 2 blocks of each "
+                             "kind); default tiny on the CPU, full on GPUs (bf16)")
+    parser.add_argument("--frames", type=int, default=None, help="Wan's frames (default 5 on the CPU, 33 on GPUs)")
     parser.add_argument("--modes", default="kv,merge", help="ToMe's modes, each a side beside vanilla-CP")
     parser.add_argument("--attention", choices=("ulysses", "ring"), default="ulysses",
                         help="diffusers' context-parallel attention (ring: CUDA only, mode merge only)")
@@ -128,15 +137,20 @@ def main() -> None:
     else:
         torch.accelerator.device_count = lambda: 1  # diffusers' _resolve_parallel_config divides by it: 0 on a CPU
     modes = args.modes.split(",")
-    rows = {f"{family} {size}": run_family(family, size, args.repeats, args.ratio, modes, args.attention)
+    model_kind = {"scale": args.scale or ("full" if cuda else "tiny"), "blocks": 2,
+                  "device": torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"),
+                  "dtype": torch.bfloat16 if cuda else torch.float32, "frames": args.frames or (33 if cuda else 5)}
+    rows = {f"{family} {size}": run_family(family, size, args.repeats, args.ratio, modes, args.attention, model_kind)
             for family in args.families.split(",") for size in (int(side) for side in args.sizes.split(","))}
     if dist.get_rank() == 0:
         device = torch.cuda.get_device_name() if cuda else "cpu"
         report = {"experiment": "context_parallel", "device": device, "processes": dist.get_world_size(),
-                  "attention": args.attention, "backend": dist.get_backend(), "commit": (source_commit() or "").split("+")[0][:12],
+                  "attention": args.attention, "backend": dist.get_backend(), "scale": model_kind["scale"],
+                  "dtype": str(model_kind["dtype"]).replace("torch.", ""), "commit": (source_commit() or "").split("+")[0][:12],
                   "dirty": "+dirty" in (source_commit() or ""), "torch": torch.__version__, "families": rows}
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"context_parallel_{'cuda' if cuda else 'cpu'}.json"
+        ring = "_ring" if args.attention == "ring" else ""
+        path = args.out / f"context_parallel{ring}_{'cuda' if cuda else 'cpu'}.json"
         path.write_text(json.dumps(report, indent=1) + "\n")
         for family, row in rows.items():
             sides = ", ".join(f"{mode} {row['median_s'][mode]:.4f} s ({row['speedup'][mode]}x, rel "
