@@ -6,13 +6,15 @@ Per family (diffusers' tiny Flux, Qwen-Image and Wan, 128x128, Wan 5 frames, bat
 without and with ToMe (mode kv, ratio 0.5), then the same weights under ``ContextParallelConfig(ulysses_degree=2)``
 alone, with ToMe, at ratio 0 and after ``remove_patch``, each rank's kept key count; the same for mode merge against
 one process merging the same bands (and Wan with 3 latent frames: bands of rows across frames); mode merge under
-Ring attention (``ring_degree=2``, diffusers' ring with the CPU's flash kernel per step); then the settings ToMe
+Ring attention (``ring_degree=2``, diffusers' ring with the CPU's flash kernel per step); Flux.2 in both modes; then
+the settings ToMe
 refuses before the first step. With a second argument ``both`` (four processes): mode merge under Ulysses and Ring
 together (``ulysses_degree=2, ring_degree=2``).
 """
 import datetime
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -57,6 +59,42 @@ def merge_under_split(local, split, inputs, alone, vanilla):
             "ratio0_equals_split_alone": bool(torch.equal(zero, alone)),
             "removed_equals_split_alone": bool(torch.equal(removed, alone)),
             "slots_length_reduced_calls_per_rank": counts, "described": described}
+
+
+def flux2_under_split():
+    """Flux.2 (the catalogue tests' tiny model, an 8x8 grid, 6 text tokens, batch 2, ids batched as Flux2Pipeline
+    passes them): modes kv and merge (its single blocks take the joint [text, image]; balanced attention) under
+    Ulysses against one process (merge: the same bands)."""
+    tests = Path(__file__).resolve().parents[1]  # the catalogue tests' builders (and the conftest they import)
+    sys.path[:0] = [str(tests / "catalogue"), str(tests)]
+    import tome_core
+    from diffusers import ContextParallelConfig
+    from test_dit_families import flux2
+
+    (local, inputs, _), (split, _, _) = flux2(h=8, w=8, batch=2, text=6), flux2(h=8, w=8, batch=2, text=6)
+    for key in ("img_ids", "txt_ids"):
+        inputs[key] = inputs[key].unsqueeze(0).expand(2, -1, -1).contiguous()
+
+    def out(model):
+        return model(**inputs, return_dict=False)[0]
+
+    vanilla = out(local)
+    split.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+    alone = out(split)
+    found = {"split_alone_vs_vanilla": rel(alone, vanilla)}
+    for mode in ("kv", "merge"):
+        tome_core.apply_patch(local, ratio=0.5, mode=mode, merge_attention="balanced" if mode == "merge" else None)
+        local.__dict__["_tome_dit"].bands = 2 if mode == "merge" else 1
+        one = out(local)
+        tome_core.remove_patch(local)
+        tome_core.apply_patch(split, ratio=0.5, mode=mode, merge_attention="balanced" if mode == "merge" else None)
+        reduced = out(split)
+        calls = [None] * dist.get_world_size()
+        dist.all_gather_object(calls, split.__dict__["_tome_dit"].reduced_calls)
+        tome_core.remove_patch(split)
+        found[mode] = {"split_tome_vs_one_process": rel(reduced, one), "split_tome_vs_split_alone": rel(reduced, alone),
+                       "reduced_calls_per_rank": calls}
+    return found
 
 
 def cpu_flash_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -165,6 +203,7 @@ def main(out_path):
         results["wan_3_frames"] = {"merge": merge_under_split(wan[0], wan[1], odd, forward(wan[1], odd),
                                                               forward(wan[0], odd))}
         results["ring"] = ring_merge(ring_degree=2)
+        results["flux2"] = flux2_under_split()
         refused = {}
         for name, config, mode in (("ring", dict(ring_degree=2), "kv"),
                                    ("uneven", dict(ulysses_degree=2, ulysses_anything=True), "kv"),

@@ -145,6 +145,16 @@ def test_each_process_merges_its_own_band(two_processes, family):
     assert "each of the 2 processes merges its own band" in found["described"]
 
 
+@pytest.mark.parametrize("mode", ["kv", "merge"])
+def test_flux2_follows_the_split_in_both_modes(two_processes, mode):
+    """Flux.2: its single blocks take the joint [text, image], each process's own [text_r, band_r] under Ulysses."""
+    found = two_processes["families"]["flux2"]
+    assert found["split_alone_vs_vanilla"] < 1e-6
+    assert found[mode]["split_tome_vs_one_process"] < 1e-5 and found[mode]["split_tome_vs_split_alone"] > 1e-3
+    calls = found[mode]["reduced_calls_per_rank"]
+    assert calls[0] == calls[1] > 0
+
+
 @pytest.mark.parametrize("both", [False, True], ids=["ring", "ulysses_and_ring"])
 @pytest.mark.parametrize("family", ["flux", "qwen_image", "wan"])
 def test_mode_merge_follows_ring_attention(request, family, both):
@@ -175,6 +185,6 @@ def test_what_tome_cannot_follow_is_refused_before_the_first_step(two_processes)
     assert "7x7 token grid's 7 rows do not split into 2 bands" in refused["odd_rows"] and "or mode 'kv'" in \
         refused["odd_rows"]
     assert "ulysses_degree=2 does not divide its 3 attention heads" in refused["heads"]
-    assert "LTX2VideoTransformer3DModel" in refused["unknown_split"] and "flux, qwen_image, wan" in \
+    assert "LTX2VideoTransformer3DModel" in refused["unknown_split"] and "flux, flux2, qwen_image, wan" in \
         refused["unknown_split"]
     assert "512 text and 49 image tokens do not split into 2 equal chunks" in refused["odd_tokens"]

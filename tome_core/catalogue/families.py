@@ -115,7 +115,8 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
             DiffusersDiT("flux2", (TRANSFORMERS + "transformer_flux2.Flux2Transformer2DModel",), "first",
                          DIFFUSERS_DOUBLE_SINGLE,
                          readers.flux2_tokens, Timestep(2, "timestep", 1.0),
-                         merge=MergeInputs(rope_over_text_and_image, joint=("single_transformer_blocks",))),
+                         merge=MergeInputs(rope_over_text_and_image, joint=("single_transformer_blocks",)),
+                         context_parallel=True),
             # LongCat-Image (and its edit model): Flux-like double/single blocks, [text, image, reference]; its
             # transformer multiplies the timestep by 1000 itself.
             DiffusersDiT("longcat_image",
