@@ -170,6 +170,7 @@ def main(out_path):
             alone = forward(split, inputs)
             tome_core.apply_patch(split, ratio=0.5, mode="kv")
             reduced = forward(split, inputs)
+            kv_described = tome_core.describe(split)
             state = split.__dict__["_tome_dit"]
             call = state.current
             kept = int((call.keep if call.image_keep is None else call.image_keep).numel())
@@ -195,6 +196,7 @@ def main(out_path):
                 "ratio0_equals_split_alone": bool(torch.equal(zero, alone)),
                 "removed_equals_split_alone": bool(torch.equal(removed, alone)),
                 "kept_keys_and_reduced_calls_per_rank": counts, "one_process_kept_keys": one_kept,
+                "described": kv_described,
                 "default_mode": default_mode, "merge": merged, "speed_check_on_per_rank": speed_check,
                 "speed_check_repeatable": timed_once}
         wan = build_dit("wan", scale="tiny"), build_dit("wan", scale="tiny")  # 3 latent frames: bands of 12 rows

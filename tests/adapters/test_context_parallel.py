@@ -119,6 +119,8 @@ def test_each_process_reduces_the_keys_of_the_one_process_call(two_processes, fa
     counts = found["kept_keys_and_reduced_calls_per_rank"]
     assert len({tuple(c) for c in counts}) == 1 and counts[0][0] == found["one_process_kept_keys"] and counts[0][1] > 0
     assert found["ratio0_equals_split_alone"] and found["removed_equals_split_alone"]
+    assert "under context parallelism (ulysses_degree=2, ring_degree=1): each of the 2 processes keeps the keys one " \
+        "process would" in found["described"]
     assert found["default_mode"] == "merge"  # apply_patch without a mode: the family's, which follows the split
     # speed_check "on": every process times the call together (its repeats run their collectives) and takes the
     # same verdict, the slowest process's speed-up; the run goes on (no hang: each collective has a 60 s timeout)

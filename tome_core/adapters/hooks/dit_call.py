@@ -47,6 +47,12 @@ class DiTCallState(CallPlanner):
     def before_call(self, model: torch.nn.Module) -> None:
         """Checks made before a reduced call's blocks run (merge: step caches added since apply_patch)."""
 
+    def note_split(self, slices: Any, how: str) -> None:
+        """Say once, in describe(), how each process of a context-parallel split reduces its chunk."""
+        note = f"under {slices.setting}: {how}"
+        if note not in self.notes:
+            self.notes.append(note)
+
     def read(self, model: torch.nn.Module, call: dict) -> Any:
         """The family's reading of a call (``{"args": ..., "kwargs": ...}``), remembered by ``memo``."""
         raise NotImplementedError

@@ -78,16 +78,10 @@ class DiTMergeState(DiTCallState):
         text = tokens.text
         if slices is not None:  # this process's text: split beside the grid, Wan's (cross-attended apart) whole
             text = text // slices.world if self.family.text != "separate" else text
-            self.note_split(slices)
+            self.note_split(slices, f"each of the {slices.world} processes merges its own band of the grid (its "
+                                    "chunk of rows or frames), as many tokens on each")
         return CallReading(stream, step, batch, weight.dtype, weight.device, self.model_name, text=text,
                            text_last=self.family.text == "last", slices=slices)
-
-    def note_split(self, slices: Any) -> None:
-        """Say once, in describe(), that each process merges its own band."""
-        note = (f"under {slices.setting}: each of the {slices.world} processes merges its own band of the grid "
-                "(its chunk of rows or frames), as many tokens on each")
-        if note not in self.notes:
-            self.notes.append(note)
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
