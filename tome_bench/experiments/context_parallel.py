@@ -146,7 +146,8 @@ def main() -> None:
         device = torch.cuda.get_device_name() if cuda else "cpu"
         report = {"experiment": "context_parallel", "device": device, "processes": dist.get_world_size(),
                   "attention": args.attention, "backend": dist.get_backend(), "scale": model_kind["scale"],
-                  "dtype": str(model_kind["dtype"]).replace("torch.", ""), "commit": (source_commit() or "").split("+")[0][:12],
+                  "dtype": str(model_kind["dtype"]).replace("torch.", ""),
+                  "commit": (source_commit() or "").split("+")[0][:12],
                   "dirty": "+dirty" in (source_commit() or ""), "torch": torch.__version__, "families": rows}
         args.out.mkdir(parents=True, exist_ok=True)
         ring = "_ring" if args.attention == "ring" else ""

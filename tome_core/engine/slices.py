@@ -6,7 +6,8 @@ tokens split apart into ``world`` equal chunks (diffusers' ``EquipartitionSharde
 attention gathers the chunks before attending: its queries and keys run over the whole sequence in process order,
 ``[text_0, grid_0, text_1, grid_1, ...]``. Mode kv keeps the keys the one-process call keeps, found at their place in
 that gathered order (``gathered``), so a context-parallel call attends to the same keys as the one-process call: the
-same image within float tolerance, the same token counts on every process. 
+same image within float tolerance, the same token counts on every process.
+
 Mode merge reduces each process's own chunk (``band``): a chunk of whole grid rows (frames) is a band of the
 image, merged within itself (windows inside it, ``local_grid``) by every process alike, so every process ends each
 block with the same token count, and the result equals one process merging the same bands (``MergeCall.bands``).

@@ -106,15 +106,18 @@ class _Attention:
         return F.linear(out.transpose(1, 2).reshape(batch, -1, channels), wo)
 
 
+Agree = Callable[[float, str], float]  # (value, "max" or "min") -> that over every process of a split call
+
+
 def measure_speedup(config: ToMeConfig, shape: Optional[LevelShape], device: torch.device, dtype: torch.dtype,
                     run: Optional[Callable[[bool], object]] = None, clock: Optional[Clock] = None,
-                    agree: Optional["Agree"] = None) -> float:
+                    agree: Optional[Agree] = None) -> float:
     """t_whole / t_reduced on ``device``: of the real model call where the host can repeat it (``run``: the call as
     the user gets it, whole or reduced, per-call set-up, hooks, launches and the rest of the model included:
     ``time_calls``; ``agree``: split across processes, timed together), else of the level's self-attention over its
     blocks (per block the merge or key/value reduction, the attention on the fewer tokens and the unmerge, plus the
-    matching: once per level with matching "level", else once per block). Each side is a steady span as the benchmark times its rows (``timing``);
-    ``clock`` replaces the device's clock (tests).
+    matching: once per level with matching "level", else once per block). Each side is a steady span as the
+    benchmark times its rows (``timing``); ``clock`` replaces the device's clock (tests).
     """
     clock = clock or clock_for(device)
     if run is not None:
@@ -179,9 +182,6 @@ def span_calls(fn: Callable[[], object], clock: Clock) -> int:
     if not clock.back_to_back:
         return 1
     return calls_for(span(fn, clock, 1)[0], STEADY_SPAN_S, 2, STEADY_MAX_CALLS)
-
-
-Agree = Callable[[float, str], float]  # (value, "max" or "min") -> that over every process of a split call
 
 
 def time_calls(run: Callable[[bool], object], clock: Clock, agree: Optional[Agree] = None) -> float:

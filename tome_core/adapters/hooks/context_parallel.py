@@ -3,10 +3,11 @@ from the model's own parallel config, and what ToMe refuses under it.
 
 ``enable_parallelism`` puts diffusers' split hooks (``_cp_plan``) inside the module's forward, so ToMe's forward
 pre-hook on the transformer reads the whole, unsplit call on every process, and every process derives the same
-layout and plan from it (mode merge: each process its own band, ``engine.slices``). The split is read from ``_parallel_config.context_parallel_config``: its flattened mesh is
-the group diffusers chunks the sequence over (``EquipartitionSharder``), this process's chunk its local rank. It is
-read at every call (a model may be made parallel after ``apply_patch``) and refused, naming the setting and what
-works, before any block of the first call runs: never a silent no-op, a mid-run crash or a hang.
+layout and plan from it (mode merge: each process its own band, ``engine.slices``). The split is read from
+``_parallel_config.context_parallel_config``: its flattened mesh is the group diffusers chunks the sequence over
+(``EquipartitionSharder``), this process's chunk its local rank. It is read at every call (a model may be made
+parallel after ``apply_patch``) and refused, naming the setting and what works, before any block of the first call
+runs: never a silent no-op, a mid-run crash or a hang.
 """
 from __future__ import annotations
 
@@ -33,16 +34,16 @@ def context_slices(model: torch.nn.Module) -> Optional[SequenceSlices]:
         (", uneven chunks)" if uneven else ")")
     return SequenceSlices(mesh.size(), mesh.get_local_rank(), ring=ring > 1, uneven=uneven, setting=setting,
                           ulysses=ulysses,
-                          agree=_agreement(mesh.get_group(), next(model.parameters()).device))
+                          agree=_agreement(mesh.get_group(), model))
 
 
-def _agreement(group: Any, device: torch.device) -> Callable[[float, str], float]:
+def _agreement(group: Any, model: torch.nn.Module) -> Callable[[float, str], float]:
     """The split's collective for the speed check: a value's max or min over the group's processes (one all-reduce
     of one number, on the model's device: NCCL takes CUDA tensors only; asked only while the speed check decides)."""
     import torch.distributed as dist
 
     def agree(value: float, how: str) -> float:
-        found = torch.full((1,), float(value), dtype=torch.float64, device=device)
+        found = torch.full((1,), float(value), dtype=torch.float64, device=next(model.parameters()).device)
         dist.all_reduce(found, op=dist.ReduceOp.MAX if how == "max" else dist.ReduceOp.MIN, group=group)
         return float(found.item())
     return agree

@@ -113,7 +113,6 @@ class _WeighedKeys(TorchFunctionMode):
                 return func(**bound)
         return func(*args, **kwargs)
 
-
     def _bias(self, keys: int) -> Optional[torch.Tensor]:
         """``key_bias`` of ``keys`` keys; under Ulysses context parallelism the keys are the Ulysses group's processes'
         own ([text_0, band_0, text_1, band_1, ...]), each laid out as this one's, so the bias is this process's
