@@ -204,6 +204,10 @@ def main(out_path):
         wan[1].enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
         results["wan_3_frames"] = {"merge": merge_under_split(wan[0], wan[1], odd, forward(wan[1], odd),
                                                               forward(wan[0], odd))}
+        ti2v = make_dit_inputs(wan[0], "wan", 2, 128, 128, frames=5)  # Wan 2.2 ti2v: a step per token, split too
+        ti2v["timestep"] = torch.linspace(100.0, 900.0, 2 * 8 * 8).expand(2, -1).contiguous()
+        results["wan_step_per_token"] = {"merge": merge_under_split(wan[0], wan[1], ti2v, forward(wan[1], ti2v),
+                                                                    forward(wan[0], ti2v))}
         results["ring"] = ring_merge(ring_degree=2)
         results["flux2"] = flux2_under_split()
         refused = {}

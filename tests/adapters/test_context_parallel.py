@@ -131,10 +131,11 @@ def test_each_process_reduces_the_keys_of_the_one_process_call(two_processes, fa
     assert found["speed_check_repeatable"]
 
 
-@pytest.mark.parametrize("family", ["flux", "qwen_image", "wan", "wan_3_frames"])
+@pytest.mark.parametrize("family", ["flux", "qwen_image", "wan", "wan_3_frames", "wan_step_per_token"])
 def test_each_process_merges_its_own_band(two_processes, family):
     """Mode merge under Ulysses: each process merges its band alone, as many tokens on each, and the output equals
-    one process merging the same bands (Qwen-Image: balanced attention, its bias over the gathered keys)."""
+    one process merging the same bands (Qwen-Image: balanced attention, its bias over the gathered keys; Wan 2.2
+    ti2v's step per token: its per-token modulation split and cut alike)."""
     found = two_processes["families"][family]["merge"]
     assert found["split_tome_vs_split_alone"] > 1e-3  # ToMe acts under it
     assert found["split_tome_vs_one_process_bands"] < 1e-5
