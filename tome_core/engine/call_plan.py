@@ -42,8 +42,8 @@ class CallReading:
     model's name (for the speed check's key), and for merge the text a joint block puts beside the stream (``text``,
     after it where ``text_last``); ``image_keys``: kv also picks the grid alone (an image-only self-attention);
     ``host``: what the host's own additions to the plan need; ``slices``: the call's sequence is split across
-    processes (context parallelism: the kept keys are found in the gathered sequence, and no process times the
-    call alone)."""
+    processes (context parallelism: kv's kept keys are found in the gathered sequence, merge reduces this process's
+    band, and the speed check times the call on every process together)."""
 
     layout: TokenLayout
     step: Any

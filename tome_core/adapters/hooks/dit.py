@@ -96,8 +96,8 @@ class DiTState(DiTCallState):
             return None  # too few tokens, or a window of one token: nothing to reduce
         weight = self.weight
         if slices is not None:
-            self.note_split(slices, f"each of the {slices.world} processes keeps the keys one process would, found "
-                                    "where Ulysses gathers them")
+            self.note_split(slices, lambda: f"each of the {slices.world} processes keeps the keys one process "
+                                            "would, found where Ulysses gathers them")
         return CallReading(found, step, batch, weight.dtype, weight.device, self.model_name,
                            image_keys=self.image_keys, slices=slices)
 

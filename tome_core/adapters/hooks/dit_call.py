@@ -9,7 +9,7 @@ are reduced, so a call ToMe leaves whole runs as if unpatched. What differs betw
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 
@@ -38,6 +38,7 @@ class DiTCallState(CallPlanner):
         self.current: Any = None
         self.memo = CallMemo()  # the family's reading of the last call (call_memo.py)
         self.hooks = SwitchedHooks(model)  # the blocks' hooks, registered while calls are reduced (switched.py)
+        self.split_noted: set = set()  # the context-parallel settings describe() has a note of (``note_split``)
         self.weight = next(model.parameters())  # its dtype and device follow .to(), which converts it in place
 
     def clear(self) -> None:
@@ -47,11 +48,12 @@ class DiTCallState(CallPlanner):
     def before_call(self, model: torch.nn.Module) -> None:
         """Checks made before a reduced call's blocks run (merge: step caches added since apply_patch)."""
 
-    def note_split(self, slices: Any, how: str) -> None:
-        """Say once, in describe(), how each process of a context-parallel split reduces its chunk."""
-        note = f"under {slices.setting}: {how}"
-        if note not in self.notes:
-            self.notes.append(note)
+    def note_split(self, slices: Any, how: Callable[[], str]) -> None:
+        """Say once per parallel setting, in describe(), how each process of a context-parallel split reduces its
+        chunk (``how()``: built only then, not at every call)."""
+        if slices.setting not in self.split_noted:
+            self.split_noted.add(slices.setting)
+            self.notes.append(f"under {slices.setting}: {how()}")
 
     def read(self, model: torch.nn.Module, call: dict) -> Any:
         """The family's reading of a call (``{"args": ..., "kwargs": ...}``), remembered by ``memo``."""

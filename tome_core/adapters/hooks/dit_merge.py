@@ -78,8 +78,8 @@ class DiTMergeState(DiTCallState):
         text = tokens.text
         if slices is not None:  # this process's text: split beside the grid, Wan's (cross-attended apart) whole
             text = text // slices.world if self.family.text != "separate" else text
-            self.note_split(slices, f"each of the {slices.world} processes merges its own band of the grid (its "
-                                    "chunk of rows or frames), as many tokens on each")
+            self.note_split(slices, lambda: f"each of the {slices.world} processes merges its own band of the grid "
+                                            "(its chunk of rows or frames), as many tokens on each")
         return CallReading(stream, step, batch, weight.dtype, weight.device, self.model_name, text=text,
                            text_last=self.family.text == "last", slices=slices)
 
