@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -96,6 +98,32 @@ class StandInClock:
     def stop(self) -> float:
         self.spans.append(self.now - self.t0)
         return self.now - self.t0
+
+
+class ForwardSpy:
+    """What each of ``modules``' own forward receives: ``record(module, args, kwargs)`` from an instance forward set
+    over it (as accelerate's and diffusers' hook registries wrap a module), so ToMe's marked forward, which acts inside
+    the module's call, hands it the merged inputs. ``remove()`` restores the modules."""
+
+    def __init__(self, modules, record) -> None:
+        self.modules = list(modules)
+        for module in self.modules:
+            own = module.forward
+
+            def forward(*args, _own=own, _module=module, **kwargs):
+                record(_module, args, kwargs)
+                return _own(*args, **kwargs)
+
+            module.forward = forward
+
+    def remove(self) -> None:
+        for module in self.modules:
+            module.__dict__.pop("forward", None)
+
+
+def bound_inputs(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
+    """A module call's inputs by name (its class's forward signature)."""
+    return dict(inspect.signature(type(module).forward).bind(module, *args, **kwargs).arguments)
 
 
 def hook_count(module: torch.nn.Module) -> int:

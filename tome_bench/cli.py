@@ -189,9 +189,11 @@ def _add_how_to_measure(p: argparse.ArgumentParser) -> None:
                    help="also run every variant compiled: torch.compile(model) (inductor; UNets and DiTs) after "
                         "patching; compile time, compiled speed-ups vs compiled and eager vanilla")
     p.add_argument("--compile-mode", type=_csv(str), default=None,
-                   help="with --compile (implied): comma list of torch.compile modes, 'default' (inductor) and "
+                   help="with --compile (implied): comma list of torch.compile modes, 'default' (inductor), "
                         "'reduce-overhead' (inductor + CUDA graphs: each compiled region replayed as one captured "
-                        "graph; the CPU has no CUDA graphs) (default: default)")
+                        "graph; the CPU has no CUDA graphs) and, for DiTs, 'regional' (diffusers' recipe: "
+                        "compile_repeated_blocks(fullgraph=True)); each row reports the graphs, graph breaks and "
+                        "frames left to eager dynamo made (default: default)")
     p.add_argument("--peaked", type=float, default=3.0,
                    help="also measure errors with self-attention q/k scaled by this factor "
                         "(peaked attention as in trained models; DiTs: their q/k RMSNorm weights, "

@@ -59,8 +59,10 @@ METRICS = {
                     "vanilla of the same mode",
     "host": "--host comfyui rows: 'comfyui' (ComfyUI's own model classes, the ToMe node through ModelPatcher, the "
             "model call ComfyUI's sampler makes); rows without it are diffusers'",
-    "graphs": "compiled rows: graphs dynamo compiled for the first calls (1 + the graph breaks: ToMe's per-call "
-              "host work is one)",
+    "graphs": "compiled rows: graphs dynamo compiled for the first calls (the model alone: 1; ToMe adds none)",
+    "graph_breaks": "compiled rows: graph breaks dynamo made in the first calls (0 = the model compiled whole); "
+                    "break_reasons: dynamo's reasons",
+    "to_eager": "compiled rows: constructs dynamo could not trace that left a frame to run eagerly (0 expected)",
     "cudagraph_skips": "reduce-overhead rows on CUDA: compiled regions inductor did not run as CUDA graphs (0 = every "
                        "region captured); cudagraph_skip_reasons: inductor's reasons",
     "attention": "SDPA kernel the variant's attention dispatched to (from torch.profiler op "
@@ -242,7 +244,8 @@ COLUMNS = [  # header, row key, format, legend
     ("host", "host", "s", "--host comfyui: ComfyUI's models, the ToMe node, the sampler's model call"),
     ("run", "run", "s", "eager, or compiled with torch.compile after patching: 'compiled' (inductor), "
      "'cudagraphs' (mode reduce-overhead: inductor + CUDA graphs); --host comfyui, TorchCompileModel's backend: "
-     "'inductor', 'cg backend' (cudagraphs: the eager kernels in CUDA graphs)"),
+     "'inductor', 'cg backend' (cudagraphs: the eager kernels in CUDA graphs); 'regional': diffusers' "
+     "compile_repeated_blocks(fullgraph=True)"),
     ("ms", "time_ms", ".0f", "median time of one model forward, ms"),
     ("x vanilla", "speedup", ".2f",
      "speed-up over vanilla: median vanilla ms / median ms (compiled rows: over compiled "
@@ -268,6 +271,8 @@ COLUMNS = [  # header, row key, format, legend
     ("x eager van", "speedup_vs_eager", ".2f", "compiled rows: speed-up over eager vanilla"),
     ("compile s", "compile_s", ".0f", "compiled rows: seconds of the first (compiling) call"),
     ("recompiles", "recompiles", "d", "compiled rows: graphs compiled during the timed calls (0 = none)"),
+    ("graphs", "graphs", "d", "compiled rows: graphs the first calls compiled (ToMe adds none to the model's)"),
+    ("breaks", "graph_breaks", "d", "compiled rows: graph breaks (0 = compiled whole; reasons below the table)"),
     ("err", "rel_err", ".4f", "relative L2 error of the model output vs vanilla"),
     ("cfg err", "cfg_err", ".4f", "same for the CFG-combined prediction (guidance applied; "
      "Flux, guidance-distilled: the output)"),
@@ -291,7 +296,8 @@ COLUMNS = [  # header, row key, format, legend
 ]
 
 
-RUN_LABELS = {"reduce-overhead": "cudagraphs", "inductor": "inductor", "cudagraphs": "cg backend"}  # compile_mode
+RUN_LABELS = {"reduce-overhead": "cudagraphs", "inductor": "inductor", "cudagraphs": "cg backend",  # compile_mode
+              "regional": "regional"}
 
 
 def _cells(r: dict) -> dict:
@@ -345,6 +351,11 @@ def format_table(rows: list[dict], legend: bool = True) -> str:
             mode = f" ({r['compile_mode']})" if r.get("compile_mode") else ""
             lines.append(f"compile {'failed' if r.get('compile_error') else 'skipped'}: {r['family']} {r['width']}x"
                          f"{r['height']} {r['label']}{mode}: {r.get('compile_error') or r['compile_skipped']}")
+        if r.get("graph_breaks") or r.get("to_eager"):
+            reasons = "; ".join(r.get("break_reasons") or []) or "no reason recorded"
+            lines.append(f"compiled in pieces: {r['family']} {r['width']}x{r['height']} {r['label']}: "
+                         f"{r.get('graphs')} graph(s), {r.get('graph_breaks', 0)} graph break(s), "
+                         f"{r.get('to_eager', 0)} to eager: {reasons}")
         if r.get("cudagraph_skips"):
             reasons = "; ".join(r.get("cudagraph_skip_reasons") or []) or "no reason logged"
             lines.append(f"CUDA graphs skipped {r['cudagraph_skips']} region(s): {r['family']} {r['width']}x"

@@ -19,6 +19,7 @@ import torch
 
 from . import content, measure, op_count, stats, trace_summary
 from .comfy_host import COMFY
+from .compile_counts import CompileCounts, reset as reset_compiled
 from .dit_runner import DIT
 from .family import BenchFamily, Case
 from .measure import DTYPES
@@ -42,10 +43,12 @@ def kind_of(family: str) -> BenchFamily:
 # does without flash/memory-efficient kernels (such hosts, the published ToMe memory figures)
 ATTENTION_BACKENDS = ("default", "math")
 # torch.compile modes the compiled rows take: inductor alone, and inductor with CUDA graphs (reduce-overhead: a
-# captured graph replays each compiled region's kernels with one launch; on the CPU it is inductor alone)
-COMPILE_MODES = ("default", "reduce-overhead")
+# captured graph replays each compiled region's kernels with one launch; on the CPU it is inductor alone); "regional":
+# diffusers' regional recipe, the DiT's repeated blocks compiled one class at a time with fullgraph=True (inductor)
+COMPILE_MODES = ("default", "reduce-overhead", "regional")
 # what runs a compiled row's forward, per compile mode (the ComfyUI host's: TorchCompileModel's backends)
 COMPILED_KERNELS = {"default": "inductor", "reduce-overhead": "inductor + CUDA graphs", "inductor": "inductor",
+                    "regional": "inductor, regional (compile_repeated_blocks, fullgraph)",
                     "cudagraphs": "CUDA graphs of the eager kernels"}
 
 
@@ -382,9 +385,20 @@ def _measure(unet, inputs, variants: list[Variant], cfg: BenchConfig, progress: 
 @contextlib.contextmanager
 def _torch_compiled(unet, v: Variant, mode: str, **options):
     """``v`` applied, then ``torch.compile(model, mode=mode)`` as a diffusers user compiles (``Case.compiled``'s
-    default)."""
+    default); mode "regional": diffusers' ``compile_repeated_blocks(fullgraph=True)``, its blocks made eager again
+    after."""
     with patched(unet, v, **options):
-        yield torch.compile(unet, mode=None if mode == "default" else mode)
+        if mode != "regional":
+            yield torch.compile(unet, mode=None if mode == "default" else mode)
+            return
+        if not getattr(unet, "_repeated_blocks", None):
+            raise ValueError(f"{type(unet).__name__} names no repeated blocks for diffusers' regional recipe")
+        unet.compile_repeated_blocks(fullgraph=True)
+        try:
+            yield unet
+        finally:
+            for module in unet.modules():
+                module._compiled_call_impl = None
 
 
 def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig, forward=measure.forward,
@@ -392,7 +406,9 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig,
     """Patch, then ``torch.compile(model, mode=mode)`` as a user would (a UNet, or a DiT with its case's ``forward``):
     the first call (compilation) is timed alone, two more calls warm the rest (CUDA graphs: warm-up, then
     capture), then ``cfg.repeats`` steady timings, counting the graphs compiled during them (``recompiles``, 0
-    expected) and, on CUDA, the regions CUDA graphs skipped (``cudagraph_skips``, with inductor's reasons). Errors
+    expected), what the first calls compiled (``compile_counts``: graphs, graph breaks, frames left to eager, with
+    dynamo's reasons; 0 breaks and 0 to eager expected) and, on CUDA, the regions CUDA graphs skipped
+    (``cudagraph_skips``, with inductor's reasons). Errors
     are reported, not hidden. ``case``: its ``compiled`` (how a host compiles; the ComfyUI host: TorchCompileModel)
     and ``compile_skip`` (a mode this device cannot run: ``{"skipped": reason}``)."""
     import logging
@@ -405,7 +421,7 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig,
     if skip:
         return {"skipped": skip}
     compile_in = case.compiled if case is not None and case.compiled else _torch_compiled
-    torch._dynamo.reset()  # each variant compiles from scratch: compile time is its own
+    reset_compiled()  # each variant compiles from scratch: compile time and counts are its own
     graphs = counters["stats"]
     skips_before = counters["inductor"]["cudagraph_skips"]
     reasons: list[str] = []
@@ -427,6 +443,7 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig,
             # (tests: a 12-step loop, both modes).
             forward(compiled, inputs)
             forward(compiled, inputs)
+            compiled_counts = CompileCounts.now()
             before = graphs["unique_graphs"]
             times = [measure.timed(lambda: forward(compiled, inputs), device)[0]
                      for _ in range(cfg.repeats)]
@@ -441,7 +458,9 @@ def _compile_variant(unet, inputs: measure.Inputs, v: Variant, cfg: BenchConfig,
     finally:
         torch_log.removeHandler(handler)
         torch._dynamo.reset()
-    result = {"times": times, "first_s": first_s, "out": out, "recompiles": recompiles, "graphs": before}
+    result = {"times": times, "first_s": first_s, "out": out, "recompiles": recompiles, "graphs": before,
+              "graph_breaks": compiled_counts.breaks, "to_eager": compiled_counts.to_eager,
+              "break_reasons": list(compiled_counts.reasons[:5])}
     if cfg.trace:
         result["trace"] = trace
     if mode in ("reduce-overhead", "cudagraphs") and device.type == "cuda":
@@ -506,7 +525,7 @@ def _compiled_row(eager: dict, v: Variant, c: dict, cb: dict, base_times: list, 
     t = statistics.median(c["times"])
     row.update(time_s=t, times_s=c["times"], rounds=len(c["times"]), compile_s=c["first_s"],
                recompiles=c["recompiles"], graphs=c["graphs"], speedup_vs_eager=statistics.median(base_times) / t)
-    for key in ("cudagraph_skips", "cudagraph_skip_reasons"):
+    for key in ("graph_breaks", "to_eager", "break_reasons", "cudagraph_skips", "cudagraph_skip_reasons"):
         if key in c:
             row[key] = c[key]
     if "error" not in cb:

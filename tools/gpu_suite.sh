@@ -11,6 +11,7 @@
 #                                                comfy-cg, comfy-dit, check, fixed, comfy-dit2
 #   TOME_GPU_STAGE=3 bash tools/gpu_suite.sh [OUT]   optional, about 5 minutes: the inductor rows (see below)
 #   TOME_GPU_STAGE=4 bash tools/gpu_suite.sh [OUT]   a machine with 2 or more GPUs only, about 5 minutes: cp (below)
+#   TOME_GPU_STAGE=5 bash tools/gpu_suite.sh [OUT]   optional, about 5 minutes: the compiled transformers (below)
 #   bash tools/gpu_suite.sh [OUT]                stages 1 and 2 in turn
 #   TOME_GPU_PART=dit,comfy-cg bash tools/gpu_suite.sh [OUT]   these parts only, each under its own limit
 #   TOME_GPU_DEVICE=cpu TOME_COMFY_PYTHON=.venv-comfy-next/bin/python PYTHON=.venv-test/bin/python \
@@ -43,6 +44,11 @@
 #   inductor  150  --host comfyui, TorchCompileModel backend inductor: SD1.5 then SDXL 1024², vanilla, merge, kv
 #   compile   rest python -m tome_core bench --gpu-suite compile: diffusers' torch.compile, modes default and
 #                  reduce-overhead (inductor + CUDA graphs), SD1.5 and SDXL 1024²
+# Stage 5 (optional, 300 s): DiT merge compiled whole, where CUDA graphs turn the saved GPU work into saved time:
+#   dit-compile rest Flux 1024², Qwen-Image 1328² and Wan 832x480x33 at their released depth (bf16), vanilla and
+#                  merge r=0.5, compiled with mode reduce-overhead (inductor + CUDA graphs) and diffusers' regional
+#                  recipe (compile_repeated_blocks(fullgraph=True)); each row reports its graphs, graph breaks,
+#                  frames left to eager and inductor's CUDA-graph skips (0 expected), vanilla compiled the same way
 # Stage 4 (several GPUs, 300 s):
 #   cp        rest python -m tome_core bench --context-parallel ulysses:N, then ring:N (N: the GPUs; NCCL): Flux,
 #                  Qwen-Image and Wan at the released width (2 blocks, bf16) split across the GPUs, vanilla-CP against
@@ -117,6 +123,7 @@ case "${TOME_GPU_PART:-}:$stage" in
   :2) parts="comfy-cg,comfy-dit,check,fixed,comfy-dit2"; budget=240 ;;
   :3) parts="inductor,compile"; budget=300 ;;
   :4) parts="cp"; budget=300 ;;
+  :5) parts="dit-compile"; budget=300 ;;
   :) parts="dit,unet,sdxl,frontier,comfy-cg,comfy-dit,check,fixed,comfy-dit2"; budget=720 ;;
   *) parts="$TOME_GPU_PART"; budget=100000 ;;
 esac
@@ -132,6 +139,7 @@ if [ "$device" = cpu ]; then  # tiny models, the same code paths; CUDA graphs ro
   comfy_dit2=(--families z_image,wan)
   inductor_args=(--families qwen_image --methods vanilla,merge --dtype fp32)
   compile_args=(--families sd15 --methods vanilla,kv@0.75 --compile-mode default,reduce-overhead --dtype fp32)
+  dit_compile_args=(--families flux --methods vanilla,merge@0.5 --compile-mode reduce-overhead,regional)
   check_args=(--tiny --device cpu); fixed_args=(--device cpu 64 --alternations 1)
   cp_gpus=2; cp_args=(--res 128 --repeats 1); cp_kinds="ulysses"  # Ring needs CUDA's kernels
 else
@@ -149,6 +157,8 @@ else
   comfy_dit2=(--families z_image,wan --blocks 2 --dtype bf16)
   inductor_args=(--families sd15,sdxl --res 1024 --dtype fp16 --methods vanilla,merge,kv)
   compile_args=(--gpu-suite compile --repeats 2 --max-repeats 2)
+  dit_compile_args=(--families flux,qwen_image,wan --depth released --dtype bf16 --methods vanilla,merge@0.5
+                    --compile-mode reduce-overhead,regional --repeats 2 --max-repeats 2)
   check_args=(--device cuda); fixed_args=(--device cuda)
   cp_gpus=$("$python" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
   cp_args=(--res 1024,2048 --repeats 5); cp_kinds="ulysses ring"
@@ -185,11 +195,13 @@ for part in ${parts//,/ }; do
     fixed) run fixed 30 "$python" -m tome_bench.experiments.fixed_cost "${fixed_args[@]}" ;;
     inductor) run inductor 150 "$comfy_python" "${comfy[@]}" --compile-mode inductor "${inductor_args[@]}" "${o[@]}" ;;
     compile) run compile rest "$python" "${bench[@]}" "${compile_args[@]}" "${o[@]}" ;;
+    dit-compile) run dit-compile rest "$python" "${bench[@]}" "${dit_compile_args[@]}" "${o[@]}" ;;
     cp) if [ "${cp_gpus:-0}" -lt 2 ]; then echo "=== cp skipped: context parallelism needs 2 or more GPUs (${cp_gpus:-0})"
         else for kind in $cp_kinds; do
           run cp rest "$python" -m tome_core bench --context-parallel "$kind:$cp_gpus" "${cp_args[@]}" "${o[@]}"
         done; fi ;;
-    *) echo "unknown part $part: dit unet sdxl frontier comfy-cg comfy-dit comfy-dit2 check fixed inductor compile cp"
+    *) echo "unknown part $part: dit unet sdxl frontier comfy-cg comfy-dit comfy-dit2 check fixed inductor compile" \
+            "dit-compile cp"
        exit 2 ;;
   esac
 done

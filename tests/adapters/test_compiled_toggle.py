@@ -185,31 +185,29 @@ def test_the_marked_forward_keeps_the_module_its_own():
     assert block(one).item() == 30.0  # left in place: it still calls the module's own through the mark
 
 
-def test_regional_compile_as_diffusers_recommends():
-    """diffusers' regional recipe, ``compile_repeated_blocks``: without fullgraph, ToMe applied after it matches eager;
-    with fullgraph=True ToMe's hooks would break the blocks' graphs and dynamo would stop the call inside a block, so
-    ToMe refuses by name: at apply_patch where the blocks are compiled already (nothing patched), else at the first call
-    it reduces, before any block runs; compiling the blocks again without fullgraph then works."""
-    from tome_core import is_patched
-
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_regional_compile_as_diffusers_recommends(fullgraph):
+    """diffusers' regional recipe, ``compile_repeated_blocks`` (its documented fullgraph=True too): ToMe acts with it in
+    every order (compiled first, then ToMe; ToMe, then compiled; ToMe run eagerly, then compiled, as a notebook or a
+    server that warms up does), compiled equals eager, and removal and another mode take effect at the next call."""
     case = Case("flux")
     model = case.fresh()
-    model.compile_repeated_blocks(backend="eager")
+    model.compile_repeated_blocks(fullgraph=fullgraph, backend="eager")
     case.run(model)
     apply_patch(model, ratio=0.5, mode="merge")
     case.check("regional, merge", case.run(model), ratio=0.5, mode="merge")
-
-    model = case.fresh()
-    model.compile_repeated_blocks(fullgraph=True, backend="eager")
-    with pytest.raises(RuntimeError, match=r"FluxTransformer2DModel\.transformer_blocks\.0 is compiled with "
-                                           r"fullgraph=True .*Compile without fullgraph"):
-        apply_patch(model, ratio=0.5, mode="kv")
-    assert not is_patched(model)
+    remove_patch(model)
+    case.check("regional, removed", case.run(model))
 
     model = case.fresh()
     apply_patch(model, ratio=0.5, mode="kv")
-    model.compile_repeated_blocks(fullgraph=True, backend="eager")
-    with pytest.raises(RuntimeError, match="is compiled with fullgraph=True"):
-        case.run(model)
-    model.compile_repeated_blocks(backend="eager")
-    case.check("regional again, kv", case.run(model), ratio=0.5, mode="kv")
+    model.compile_repeated_blocks(fullgraph=fullgraph, backend="eager")
+    case.check("regional after ToMe, kv", case.run(model), ratio=0.5, mode="kv")
+
+    model = case.fresh()
+    apply_patch(model, ratio=0.5, mode="kv")
+    case.check("eager, kv", case.run(model), ratio=0.5, mode="kv")
+    model.compile_repeated_blocks(fullgraph=fullgraph, backend="eager")
+    case.check("regional after an eager run, kv", case.run(model), ratio=0.5, mode="kv")
+    apply_patch(model, ratio=0.5, mode="merge")
+    case.check("regional, merge after kv", case.run(model), ratio=0.5, mode="merge")

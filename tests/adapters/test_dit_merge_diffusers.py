@@ -2,11 +2,10 @@
 blocks, per-block hooks.
 
 Tiny real diffusers classes with seeded weights (the fixtures of test_dit_diffusers and test_dit_families). What a
-block receives is recorded by a forward pre-hook registered after ToMe's, so it sees the merged inputs.
+block receives is recorded by a ``ForwardSpy``: an instance forward over the block's own, which ToMe's marked forward
+calls with the merged inputs (ToMe acts inside the block's call: torch hooks on the block see its whole tokens).
 """
 from __future__ import annotations
-
-import inspect
 
 import pytest
 import torch
@@ -14,7 +13,8 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 
 from tome_core import apply_patch, describe, is_patched, remove_patch  # noqa: E402
-from conftest import check_identity_at_ratio_zero_and_after_removal, check_reduced_output  # noqa: E402
+from conftest import (ForwardSpy, bound_inputs, check_identity_at_ratio_zero_and_after_removal,  # noqa: E402
+                      check_reduced_output)
 from tome_core.adapters.hooks.dit import STATE_ATTR  # noqa: E402
 from test_dit_diffusers import flux, wan  # noqa: E402
 from test_dit_families import flux2, ltx2, lumina2, qwen_image, run, z_image  # noqa: E402
@@ -41,15 +41,14 @@ ROPE_AXIS = {"flux": 0, "flux2": 0, "qwen_image": 0, "wan": 1}
 
 def record_blocks(model, attr):
     """Inputs of every block of ``model.<attr>``, as the block itself receives them (Wan's by position)."""
-    seen, handles = [], []
-    for block in getattr(model, attr):
-        def spy(module, args, kwargs):
-            named = inspect.signature(module.forward).bind(*args, **kwargs).arguments
-            rope = named.get("image_rotary_emb", named.get("rotary_emb"))
-            seen.append(dict(hidden=named["hidden_states"].clone(), text=named["encoder_hidden_states"].clone(),
-                             rope=tuple(t.clone() for t in rope)))
-        handles.append(block.register_forward_pre_hook(spy, with_kwargs=True))
-    return seen, handles
+    seen = []
+
+    def spy(module, args, kwargs):
+        named = bound_inputs(module, args, kwargs)
+        rope = named.get("image_rotary_emb", named.get("rotary_emb"))
+        seen.append(dict(hidden=named["hidden_states"].clone(), text=named["encoder_hidden_states"].clone(),
+                         rope=tuple(t.clone() for t in rope)))
+    return seen, [ForwardSpy(getattr(model, attr), spy)]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -107,17 +106,17 @@ def test_joint_layers_merge_the_grid_only_and_their_per_sample_tables_follow(fam
     seen = []
 
     def spy(module, args, kwargs):
-        named = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+        named = bound_inputs(module, args, kwargs)
         mask = named.get(mask_key)
         seen.append((named[hidden_key].clone(), named[rope_key].clone(), None if mask is None else mask.clone()))
 
-    handles = [layer.register_forward_pre_hook(spy, with_kwargs=True) for layer in model.layers]
+    handles = [ForwardSpy(model.layers, spy)]
     run(model, inputs)
     vanilla, seen[:] = list(seen), []
     for handle in handles:
         handle.remove()
     apply_patch(model, ratio=0.5, mode="merge", seed=3)
-    handles = [layer.register_forward_pre_hook(spy, with_kwargs=True) for layer in model.layers]
+    handles = [ForwardSpy(model.layers, spy)]
     run(model, inputs)
     grid = int(torch.tensor(where["grid"]).prod())
     call = model.__dict__[STATE_ATTR].current
@@ -156,13 +155,13 @@ def test_ltx2_video_merged_audio_whole_and_video_tables_follow(rope_type):
                      if k in ("hidden_states", "audio_hidden_states", "video_rotary_emb", "ca_video_rotary_emb",
                               "temb", "temb_ca_gate")})
 
-    handles = [block.register_forward_pre_hook(spy, with_kwargs=True) for block in model.transformer_blocks]
+    handles = [ForwardSpy(model.transformer_blocks, spy)]
     expected = run(model, inputs)
     vanilla, seen[:] = list(seen), []
     for handle in handles:
         handle.remove()
     apply_patch(model, ratio=0.5, mode="merge", seed=3)
-    handles = [block.register_forward_pre_hook(spy, with_kwargs=True) for block in model.transformer_blocks]
+    handles = [ForwardSpy(model.transformer_blocks, spy)]
     out = run(model, inputs)
     kept = model.__dict__[STATE_ATTR].current.merge.kept
     slots = tokens - int(0.5 * tokens)
@@ -309,9 +308,8 @@ def test_wan_per_token_timesteps_follow_the_merged_tokens():
     apply_patch(model, ratio=0.0, mode="merge")
     assert torch.equal(run(model, inputs), expected)
     apply_patch(model, ratio=0.5, mode="merge")
-    seen = []  # registered after ToMe's hooks: what the block itself receives
-    model.blocks[0].register_forward_pre_hook(lambda m, args, kwargs: seen.append(
-        inspect.signature(m.forward).bind(*args, **kwargs).arguments["temb"].shape), with_kwargs=True)
+    seen = []  # what the block itself receives
+    ForwardSpy(model.blocks[:1], lambda m, args, kwargs: seen.append(bound_inputs(m, args, kwargs)["temb"].shape))
     out = run(model, inputs)
     assert torch.isfinite(out).all() and not torch.equal(out, expected)
     assert len(seen[0]) == 4 and seen[0][1] == tokens - int(0.5 * tokens)
@@ -357,14 +355,14 @@ def test_wan_vace_and_animate(variant):
     assert [name for name, _ in state.blocks] == [f"blocks.{i}" for i in range(len(model.blocks))]
     seen = []
 
-    def spy(module, args, kwargs):  # registered after ToMe's hook when patched: what the block itself receives
-        seen.append(inspect.signature(module.forward).bind(*args, **kwargs).arguments["hidden_states"].clone())
+    def spy(module, args, kwargs):  # what the block itself receives
+        seen.append(bound_inputs(module, args, kwargs)["hidden_states"].clone())
 
-    handle = model.blocks[0].register_forward_pre_hook(spy, with_kwargs=True)
+    handle = ForwardSpy(model.blocks[:1], spy)
     run(model, inputs)
     handle.remove()
     apply_patch(model, ratio=0.5, mode="merge")
-    model.blocks[0].register_forward_pre_hook(spy, with_kwargs=True)
+    ForwardSpy(model.blocks[:1], spy)
     run(model, inputs)
     grid, prefix = int(torch.tensor(where["grid"]).prod()), where["prefix"]
     full, cut = seen

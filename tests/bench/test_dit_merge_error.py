@@ -37,7 +37,7 @@ def test_modulated_features_are_the_attention_input(family, attention):
     seen = {}
 
     def on_block(module, args, kwargs):
-        named = dit_merge._keywords(module, args, kwargs)
+        named = dit_merge.block_keywords(module, args, kwargs)
         seen["modulated"] = exp._block_features(module, named, "modulated")
         seen["normed"] = exp._block_features(module, named, "normed")
 

@@ -135,7 +135,7 @@ def matched_on(model: torch.nn.Module, kind: str) -> Iterator[None]:
     held: Dict[str, torch.Tensor] = {}
 
     def before(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        named = dit_merge._keywords(module, args, kwargs)
+        named = dit_merge.block_keywords(module, args, kwargs)
         held["features"] = _block_features(module, named, kind)
 
     original = call_plan.match_grid
@@ -146,8 +146,8 @@ def matched_on(model: torch.nn.Module, kind: str) -> Iterator[None]:
             raise RuntimeError(f"features {tuple(features.shape)} do not cover the grid's tokens {tuple(tokens.shape)}")
         return original(features, grid, ratio, destinations, window)
 
-    state.hooks.switch(True)  # ToMe's block hooks registered now (they are while calls are reduced), so that
-    handle = block.register_forward_pre_hook(before, with_kwargs=True, prepend=True)  # this one runs before them
+    # a pre-hook runs before ToMe's work on the block, which its marked forward does inside the block's call
+    handle = block.register_forward_pre_hook(before, with_kwargs=True)
     call_plan.match_grid = match
     try:
         yield

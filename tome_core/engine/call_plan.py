@@ -109,9 +109,12 @@ class MergeCall(PlannedCall):
             TokenLayout(stream.grid, prefix=text + stream.prefix, suffix=stream.suffix))
         self.reuse_key = reuse_key  # where match_every keeps this call's matching (None: a speed-check repeat)
         self.match: Optional[GridMatch] = None
-        self.merges: Dict[TokenLayout, TokenMerge] = {}
+        # keyed by a layout's plain values (grid, prefix, suffix), never by a TokenLayout: a compiled model's blocks
+        # fill these, and a layout made inside a traced frame and kept past it is a value torch.compile cannot hand
+        # back (a graph break at the model's return, its forward run eagerly)
+        self.merges: Dict[Tuple, TokenMerge] = {}
         self.cuts: Dict[Any, Any] = {}
-        self.bias: Dict[Tuple[TokenLayout, int], Optional[torch.Tensor]] = {}  # (stream, keys) -> key_bias
+        self.bias: Dict[Tuple, Optional[torch.Tensor]] = {}  # (grid, prefix, suffix, keys) -> key_bias
         self.weigh = False  # the host's: whether the attention that runs takes the merged keys' bias
         self.zero_refs = False  # the host's: reference tokens modulated by position (ComfyUI refuses a shorter grid)
 
@@ -126,9 +129,10 @@ class MergeCall(PlannedCall):
         return None if self.match is None else self.merge_on(self.stream)
 
     def merge_on(self, layout: TokenLayout) -> TokenMerge:
-        if layout not in self.merges:
-            self.merges[layout] = self.match.on(layout)
-        return self.merges[layout]
+        key = (layout.grid, layout.prefix, layout.suffix)  # plain values (see ``merges``)
+        if key not in self.merges:
+            self.merges[key] = self.match.on(layout)
+        return self.merges[key]
 
     def matched(self, hidden: torch.Tensor, stream: TokenLayout, config: ToMeConfig,
                 reuse: MatchingReuse) -> TokenMerge:

@@ -7,11 +7,10 @@ from ...engine.config import ToMeConfig, require_all_blocks
 from ...engine.token_merge import ATTENTION_WORDS
 from . import dit as diffusers_dit
 from .context_parallel import refuse as refuse_split
-from .switched import refuse_fullgraph
-from .unet import STATE_ATTR, check_partners, install, uninstall
+from .unet import STATE_ATTR, check_partners, install, refuse_compiled, uninstall
 from ...catalogue.families import TOMESD_RATIO, family_of_binding, short_title
 from ...catalogue.quality import trade
-from ...catalogue.unets import attention_base_downsample
+from ...catalogue.unets import attention_base_downsample, transformer_blocks
 from .targets import SUPPORTED, find_unets, patched_modules
 
 Model = TypeVar("Model")
@@ -96,7 +95,6 @@ def apply_config(model: Model, config: ToMeConfig) -> Model:
     if dit is not None:  # a DiT of the catalogue: mode "kv" through per-attention hooks (adapters/hooks/dit.py)
         diffusers_dit.check_config(dit, config)
         if config.enabled:
-            refuse_fullgraph(dit)
             refuse_split(dit, config)  # made context parallel before: refused now where ToMe cannot follow it
         remove_patch(model)
         diffusers_dit.install(dit, config)
@@ -112,8 +110,8 @@ def apply_config(model: Model, config: ToMeConfig) -> Model:
     require_all_blocks(config, type(model).__name__)
     for unet in unets:  # another speed-up ToMe cannot run beside: refused before anything changes
         check_partners(unet, config)
-        if config.enabled:
-            refuse_fullgraph(unet)
+        if config.enabled and config.mode == "merge":
+            refuse_compiled([sub for block in transformer_blocks(unet) for sub in block.modules()])
     remove_patch(model)
     for unet in unets:
         install(unet, config)

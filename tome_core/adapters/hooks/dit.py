@@ -25,6 +25,7 @@ from ...engine.kv import dit_window
 from ...engine.call_plan import CallPlanner, CallReading
 from . import dit_merge
 from .dit_call import STATE_ATTR, DiTCallState, on_model_call
+from ...engine.passthrough import PYTHON_METHODS
 from .switched import enter_for, exit_for
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
@@ -39,12 +40,18 @@ def check_config(model: torch.nn.Module, config: ToMeConfig) -> None:
 class _KVMode(TorchFunctionMode):
     """Shortens the keys/values of the scaled_dot_product_attention calls made inside one module's forward."""
 
-    def __init__(self, state: "DiTState", layout: TokenLayout, keep: torch.Tensor, where: str) -> None:
+    def __init__(self, state: "DiTState", layout: TokenLayout, keep: torch.Tensor, module: torch.nn.Module) -> None:
         super().__init__()
-        self.state, self.layout, self.keep, self.where = state, layout, keep, where
+        # the attention itself, not its name: a string made per attention would be a guard of dynamo's under regional
+        # compilation (one graph per block instance); the name is looked up only for a message
+        self.state, self.layout, self.keep, self.module = state, layout, keep, module
         self.sdpa_calls = 0
         self.projections = 0  # F.linear calls: nonzero where the attention computed its q/k/v itself
         self.kept_before = 0  # the key count where the keys' inputs were already cut to the kept tokens
+
+    @property
+    def where(self) -> str:
+        return next((name for name, module, _ in self.state.modules if module is self.module), "an attention")
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
         kwargs = kwargs or {}
@@ -69,6 +76,8 @@ class _KVMode(TorchFunctionMode):
                 self.state.warn_once(f"skip:{self.where}", f"ToMe: {self.where}: keys of length {key.shape[-2]} "
                                      f"do not match the token layout {self.layout}; left unreduced.")
             return func(**bound)
+        if PYTHON_METHODS.get(getattr(func, "__name__", None)) is func and args and type(args[0]) is torch.Tensor:
+            return getattr(args[0], func.__name__)(*args[1:], **kwargs)  # passthrough.py
         return func(*args, **kwargs)
 
 
@@ -78,7 +87,7 @@ class DiTState(DiTCallState):
     def __init__(self, model: torch.nn.Module, config: ToMeConfig, modules: List[Tuple[str, torch.nn.Module, str]]):
         super().__init__(model, config)
         self.modules = modules
-        self.modes: Dict[int, _KVMode] = {}
+        self.modes: List[_KVMode] = []  # the running attention's (``enter_for``)
         self.image_keys = any(kind == "image" for _, _, kind in modules)  # an image-only self-attention is hooked
 
     def read(self, model: torch.nn.Module, call: dict) -> Optional[TokenLayout]:
@@ -132,19 +141,19 @@ def _enter(state: DiTState, name: str, kind: str):
         if call is None:  # registered only while calls are reduced; a speed-check repeat may still clear it
             return None
         layout, keep = (call.layout, call.keep) if joint else (call.image, call.image_keep)
-        mode = _KVMode(state, layout, keep, name)
+        mode = _KVMode(state, layout, keep, module)
         keys = state.family.key_inputs
         kept = _kept_key_inputs(keys, layout, keep, args, kwargs) if keys is not None else None
         if kept is not None:
             mode.kept_before = keep.numel()
-        enter_for(state.modes, module, mode)
+        enter_for(state.modes, mode)
         return None if kept is None else (args, kept)
     return pre_hook
 
 
 def _leave(state: DiTState):
     def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
-        mode = exit_for(state.modes, module)
+        mode = exit_for(state.modes)
         # Projections but no SDPA: a global diffusers attention backend (flash-attn, sage, xformers) computed it.
         # Neither: a cache (TaylorSeer, Pyramid Attention Broadcast, FasterCache) returned its stored output for this
         # step; nothing was computed, so there is nothing to reduce and no error.
@@ -213,8 +222,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[st
     state = DiTState(model, config, modules)
     state.handles.append(model.register_forward_pre_hook(on_model_call, with_kwargs=True))
     for name, module, kind in modules:  # registered while calls are reduced (``on_model_call``)
-        state.hooks.add(module, _enter(state, name, kind), "pre")
-        state.hooks.add(module, _leave(state), "post-always")
+        state.hooks.add(module, (_enter(state, name, kind), _leave(state)), "around")
     model.__dict__[STATE_ATTR] = state
     return state
 
@@ -225,6 +233,8 @@ def uninstall(model: torch.nn.Module) -> None:
         state.hooks.remove()
         for handle in state.handles:
             handle.remove()
+        if isinstance(state, dit_merge.DiTMergeState):
+            state.forget_masks()
 
 
 __all__ = ["STATE_ATTR", "check_config", "find_dit", "install", "supported_classes", "uninstall",

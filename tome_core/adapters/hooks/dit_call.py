@@ -37,7 +37,7 @@ class DiTCallState(CallPlanner):
         self.handles: List[Any] = []
         self.current: Any = None
         self.memo = CallMemo()  # the family's reading of the last call (call_memo.py)
-        self.hooks = SwitchedHooks(model)  # the blocks' hooks, registered while calls are reduced (switched.py)
+        self.hooks = SwitchedHooks()  # the blocks' hooks, registered while calls are reduced (switched.py)
         self.split_noted: set = set()  # the context-parallel settings describe() has a note of (``note_split``)
         self.weight = next(model.parameters())  # its dtype and device follow .to(), which converts it in place
 

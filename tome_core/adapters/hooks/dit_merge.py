@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-from functools import lru_cache
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -26,6 +25,7 @@ from ...engine.call_plan import CallReading, MergeCall
 from ...engine.token_merge import TokenMerge, biased_mask, key_bias
 from .dit_call import STATE_ATTR, DiTCallState, on_model_call
 from .host_caches import refuse_caches_inside
+from ...engine.passthrough import PYTHON_METHODS
 from .switched import enter_for, exit_for
 
 
@@ -36,13 +36,15 @@ class DiTMergeState(DiTCallState):
         super().__init__(model, config)
         self.blocks = blocks
         self.modules = blocks  # what describe() counts
-        self.pending: Dict[int, Tuple[torch.Tensor, torch.Tensor, TokenMerge]] = {}
+        # the running merged block's (input, merged input, merge); a stack, as ``enter_for``'s (blocks never nest)
+        self.pending: List[Tuple[torch.Tensor, torch.Tensor, TokenMerge]] = []
         self.attention = family_of_binding(self.family).attention_for(config)  # how merged keys are weighed
         self.weighing: Optional[Tuple[MergeCall, TokenLayout, TokenMerge]] = None  # the merged block running, if biased
-        self.biasing: Dict[int, "_WeighedKeys"] = {}  # attention module -> its bias mode, while it runs
-        # attention module -> whether the bias reaches its result (learnt at its first merged call, ``_FirstWeighing``);
-        # forgotten when diffusers' active attention backend changes (``set_attention_backend``, ``attention_backend``)
-        self.takes_mask: Dict[int, bool] = {}
+        self.biasing: List["_WeighedKeys"] = []  # the running attention's bias mode (``enter_for``)
+        # whether the bias reaches an attention's result, learnt at its first merged call (``_FirstWeighing``) and kept
+        # on the attention module itself (``TAKES_MASK``: read by attribute, the same code for every block under
+        # regional compilation); forgotten when diffusers' active attention backend changes
+        self.weighed: List[torch.nn.Module] = []
         self.sdpa_masks: Dict[Tuple, bool] = {}  # (device, dtype, SDPA kernels allowed) -> whether a mask drops there
         dispatch = sys.modules.get("diffusers.models.attention_dispatch")
         self.backends = getattr(dispatch, "_AttentionBackendRegistry", None)
@@ -56,6 +58,16 @@ class DiTMergeState(DiTCallState):
 
     def before_call(self, model: torch.nn.Module) -> None:
         refuse_caches(self.blocks)  # a cache added after apply_patch
+
+    @property
+    def takes_mask(self) -> Dict[str, bool]:
+        """The verdicts learnt so far, by attention (for tests and diagnostics)."""
+        return {str(id(m)): m.__dict__[TAKES_MASK] for m in self.weighed if TAKES_MASK in m.__dict__}
+
+    def forget_masks(self) -> None:
+        """Ask each attention again whether it takes the bias (at apply, removal and a change of backend)."""
+        for attention in self.weighed:
+            attention.__dict__.pop(TAKES_MASK, None)
 
     def read(self, model: torch.nn.Module, call: dict) -> Any:
         return self.family.read(model, call)
@@ -72,7 +84,7 @@ class DiTMergeState(DiTCallState):
             return None
         active = getattr(self.backends, "_active_backend", None)
         if active is not self.active_backend:  # another backend runs now: each attention is asked again
-            self.takes_mask.clear()
+            self.forget_masks()
             self.active_backend = active
         weight = self.weight
         text = tokens.text
@@ -84,6 +96,7 @@ class DiTMergeState(DiTCallState):
                            text_last=self.family.text == "last", slices=slices)
 
 
+TAKES_MASK = "_tome_takes_mask"  # on an attention module of a merged block: whether the keys' bias reaches its result
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
@@ -103,7 +116,8 @@ class _WeighedKeys(TorchFunctionMode):
         if func is F.scaled_dot_product_attention:
             bound = dict(zip(_SDPA_ARGS, args), **kwargs)
             keys = bound["key"].shape[-2]
-            cached = (self.stream, keys)  # one bias per stream and key count in a call
+            stream = self.stream
+            cached = (stream.grid, stream.prefix, stream.suffix, keys)  # one bias per stream and key count, per call
             if cached not in self.call.bias:
                 self.call.bias[cached] = self._bias(keys)
             bias = self.call.bias[cached]
@@ -111,6 +125,8 @@ class _WeighedKeys(TorchFunctionMode):
                 query = bound["query"]
                 bound["attn_mask"] = biased_mask(bound.get("attn_mask"), bias, query.dtype, query.ndim)
                 return func(**bound)
+        if PYTHON_METHODS.get(getattr(func, "__name__", None)) is func and args and type(args[0]) is torch.Tensor:
+            return getattr(args[0], func.__name__)(*args[1:], **kwargs)  # passthrough.py
         return func(*args, **kwargs)
 
     def _bias(self, keys: int) -> Optional[torch.Tensor]:
@@ -152,7 +168,7 @@ class _FirstWeighing(_WeighedKeys):
                 if where not in self.kernels:
                     self.kernels[where] = sdpa_drops_mask(query)
                 self.dropped = self.kernels[where]
-            if self.dropped:
+            if self.dropped:  # (this mode runs outside torch.compile only: no passthrough.py)
                 return func(*args, **(kwargs or {}))
         return super().__torch_function__(func, types, args, kwargs)
 
@@ -201,34 +217,44 @@ def attention_named(module: torch.nn.Module, backends: Any) -> str:
     return name if backend in (None, "native") else f"{name} on diffusers' {backend!r} attention backend"
 
 
-@lru_cache(maxsize=None)
-def _signature(cls: type) -> inspect.Signature:
-    return inspect.signature(cls.forward)
+def positional_names(cls: type) -> Tuple[str, ...]:
+    """The names ``cls.forward`` takes positionally after ``self`` (read at install: inspect is no code to trace)."""
+    names = []
+    for parameter in list(inspect.signature(cls.forward).parameters.values())[1:]:
+        if parameter.kind not in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            break
+        names.append(parameter.name)
+    return tuple(names)
 
 
-def _keywords(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[dict]:
-    """The block call as keywords (gradient checkpointing calls blocks positionally), None if it does not bind."""
+def block_keywords(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[dict]:
+    """A block call as keywords (``_keywords`` with the block class's positional names; for code outside the hot path:
+    it reads the signature)."""
+    return _keywords(positional_names(type(module)), args, kwargs)
+
+
+def _keywords(names: Tuple[str, ...], args: tuple, kwargs: dict) -> Optional[dict]:
+    """The block call as keywords (gradient checkpointing and Wan call blocks positionally; ``names``:
+    ``positional_names`` of the block's class), None where it does not bind."""
     if not args:
         return dict(kwargs)
-    try:
-        bound = _signature(type(module)).bind(module, *args, **kwargs)
-    except TypeError:
+    if len(args) > len(names):
         return None
-    named = dict(bound.arguments)
-    named.pop(next(iter(named)))  # self
-    for name, parameter in _signature(type(module)).parameters.items():
-        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            named.update(named.pop(name, {}))
+    for name in names[:len(args)]:  # a loop, not any(...): a generator is a Python call per item
+        if name in kwargs:
+            return None
+    named = dict(zip(names, args))
+    named.update(kwargs)
     return named
 
 
-def _enter(state: DiTMergeState, name: str, joint: bool):
+def _enter(state: DiTMergeState, name: str, joint: bool, names: Tuple[str, ...]):
     def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         call = state.current
         if call is None:
             return None
         inputs = state.family.merge
-        named = _keywords(module, args, kwargs)
+        named = _keywords(names, args, kwargs)
         hidden = None if named is None else named.get(inputs.hidden)
         stream = call.joint if joint else call.stream  # Flux.2's single blocks take [text, image]
         # context parallelism: a block whose input the host splits inside its own call (diffusers' _cp_plan on
@@ -267,7 +293,7 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
             elif slices is not None and isinstance(value, torch.Tensor) and value.ndim >= 2 and \
                     value.shape[1] == slices.world * merge.length:  # split by the host inside the call (Qwen's)
                 named[key] = slices.carrier(merge.take(slices.own(value, 1), 1), 1)
-        state.pending[id(module)] = (hidden, merged, merge)
+        state.pending.append((hidden, merged, merge))
         if state.attention == "proportional" or state.attention == "balanced" and (
                 stream.prefix + stream.suffix > 0 or not joint and call.text > 0 and state.family.text != "separate"):
             state.weighing = (call, stream, merge)  # balanced: only where keys carried whole sit beside the grid
@@ -278,10 +304,12 @@ def _enter(state: DiTMergeState, name: str, joint: bool):
 
 
 def _leave(state: DiTMergeState, joint: bool):
-    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+    def hook(module: torch.nn.Module, args: tuple, output: Any) -> Any:
         state.weighing = None
-        held = state.pending.pop(id(module), None)
-        if held is None or state.current is None or output is None:  # None: the block raised (always_call)
+        if not state.pending or state.current is None:
+            return None
+        held = state.pending.pop()
+        if output is None:  # the block raised (always_call)
             return None
         hidden, merged, merge = held
         inputs = state.family.merge
@@ -299,23 +327,23 @@ def _weigh(state: DiTMergeState):
     (``_WeighedKeys``, entered for this module's forward only, so it sees the attention's few ops, not the block's);
     at its first call ``_FirstWeighing`` learns whether the bias reaches the result, and where it does not the
     attention runs plain from then on (no mode, no bias)."""
-    def pre_hook(module: torch.nn.Module, args: tuple) -> None:
+    def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if state.weighing is not None:
-            known = state.takes_mask.get(id(module))
+            known = module.__dict__.get(TAKES_MASK)
             if known is False:
                 return
             call, stream, merge = state.weighing
             how = (call, stream, merge, state.attention, state.family.text != "last")
             mode = _FirstWeighing(state.sdpa_masks, *how) if known is None and not torch.compiler.is_compiling() \
                 else _WeighedKeys(*how)
-            enter_for(state.biasing, module, mode)
+            enter_for(state.biasing, mode)
     return pre_hook
 
 
 def _unweigh(state: DiTMergeState):
     def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
-        if id(module) in state.biasing:  # inline: an attention run plain returns here, no further Python call
-            mode = exit_for(state.biasing, module)
+        if state.biasing:  # inline: an attention run plain returns here, no further Python call
+            mode = exit_for(state.biasing)
             if mode.LEARNS:
                 _learn(state, module, mode)
     return hook
@@ -327,7 +355,7 @@ def _learn(state: DiTMergeState, module: torch.nn.Module, mode: _FirstWeighing) 
     verdict = mode.verdict()
     if verdict is None:
         return
-    state.takes_mask[id(module)] = verdict
+    module.__dict__[TAKES_MASK] = verdict
     if verdict:
         return
     why = ("the kernel its scaled_dot_product_attention runs takes no mask" if mode.sdpa_calls else
@@ -364,12 +392,13 @@ def install(model: torch.nn.Module, config: ToMeConfig,
     joint_lists = state.family.merge.joint
     for name, block in blocks:  # registered while calls are reduced (``on_model_call``)
         joint = name.split(".", 1)[0] in joint_lists
-        state.hooks.add(block, _enter(state, name, joint), "pre")
-        state.hooks.add(block, _leave(state, joint), "post-always-kwargs")
+        state.hooks.add(block, (_enter(state, name, joint, positional_names(type(block))), _leave(state, joint)),
+                        "around")
         if state.attention == "plain":
             continue
         for attention in (m for m in block.modules() if m is not block and hasattr(m, "processor")):
-            state.hooks.add(attention, _weigh(state), "pre-plain")  # diffusers' attentions
-            state.hooks.add(attention, _unweigh(state), "post-always")
+            state.weighed.append(attention)
+            state.hooks.add(attention, (_weigh(state), _unweigh(state)), "around")  # diffusers' attentions
+    state.forget_masks()  # an earlier patch's verdicts
     model.__dict__[STATE_ATTR] = state
     return state

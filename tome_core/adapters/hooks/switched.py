@@ -12,7 +12,7 @@ It does guard a module's instance ``forward`` (whether there is one, its code an
 its hooks are registered, each hooked module holds a ``forward`` of ToMe's that calls the one it had and reads the
 patch's serial (``_Marked``; one Python call per hooked module, only in calls ToMe reduces): a compiled model retraces
 when ToMe's hooks come or go or another patch replaces them, and keeps the graph of each state it has seen (switching
-back costs nothing). A module compiled with ``fullgraph=True`` cannot take the hooks at all (``refuse_fullgraph``).
+back costs nothing).
 """
 from __future__ import annotations
 
@@ -42,19 +42,29 @@ class SwitchedHooks:
     takes the call's kwargs), and earlier the ids of the module's hooks of that kind that were there when the patch
     was applied: registered later, ToMe's hook still runs where it would have run had it stayed (after those, before
     any hook appended since; a hook prepended since stays first).
+
+    kind "around": hook is (pre, post), run by the module's marked ``forward`` itself around its own, not registered
+    with torch: pre(module, args, kwargs) may return new (args, kwargs); post(module, args, output) may return a new
+    output, and runs also when the forward raised (output None). What the DiT patches use: torch's own hook dispatch
+    looks a kwargs or always-called hook up by its handle's id, a guard of dynamo's that differs in every block
+    instance (under diffusers' regional recipe, one graph per instance, past dynamo's recompile limit at released
+    depth), and a block that diffusers' regional recipe compiles runs its torch hooks outside the compiled graph
+    (torch.nn's call path is not traced), each a graph of its own; the marked forward is traced with the block.
     """
 
-    def __init__(self, root: Optional[torch.nn.Module] = None) -> None:
-        self.root = root  # the patched model, checked for a fullgraph compile before the hooks go on
+    def __init__(self) -> None:
         self.hooks: List[Tuple[torch.nn.Module, Callable, str, frozenset]] = []
         self.handles: List[Removable] = []
         self.attached = False
         self.marks: Dict[int, _Marked] = {}  # id(module) -> its marked forward while attached
         self.serial = next(_SERIALS)
 
-    def add(self, module: torch.nn.Module, hook: Callable, kind: str) -> None:
+    def add(self, module: torch.nn.Module, hook: Any, kind: str) -> None:
+        mark = self.marks.setdefault(id(module), _Marked(module, self.serial))
+        if kind == "around":
+            mark.around = hook
+            return
         self.hooks.append((module, hook, kind, frozenset(_hook_dict(module, kind))))
-        self.marks.setdefault(id(module), _Marked(module, self.serial))
 
     def switch(self, on: bool) -> None:
         """Registered iff ``on``; nothing is done where that is already so (the steady state)."""
@@ -62,8 +72,6 @@ class SwitchedHooks:
             self.attach() if on else self.remove()
 
     def attach(self) -> None:
-        if self.root is not None:
-            refuse_fullgraph(self.root)
         for module, hook, kind, earlier in self.hooks:
             if kind in ("pre", "pre-plain"):
                 handle = module.register_forward_pre_hook(hook, with_kwargs=kind == "pre")
@@ -92,9 +100,10 @@ class SwitchedHooks:
         self.attached = False
 
 
-def _fullgraph(compiled: Any) -> bool:
-    """Whether a ``module.compile`` result was compiled with fullgraph=True (read from its compile context, duck typed:
+def compiled_with_fullgraph(module: torch.nn.Module) -> bool:
+    """Whether ``module.compile(fullgraph=True)`` compiled ``module`` itself (read from its compile context, duck typed:
     the closure object that carries ``fullgraph``)."""
+    compiled = module.__dict__.get("_compiled_call_impl")
     for cell in getattr(compiled, "__closure__", None) or ():
         try:
             if getattr(cell.cell_contents, "fullgraph", None) is True:
@@ -104,32 +113,34 @@ def _fullgraph(compiled: Any) -> bool:
     return False
 
 
-def refuse_fullgraph(model: torch.nn.Module) -> None:
-    """Refuse a model any of whose modules ``module.compile(fullgraph=True)`` compiled (diffusers'
-    ``compile_repeated_blocks(fullgraph=True)``): ToMe's hooks break that graph and dynamo would stop the call inside
-    a block. Run before ToMe's hooks go on, so the call stops before any block runs."""
-    for name, module in model.named_modules():
-        compiled = module.__dict__.get("_compiled_call_impl")
-        if compiled is not None and _fullgraph(compiled):
-            where = f"{type(model).__name__}.{name}" if name else type(model).__name__
-            raise RuntimeError(
-                f"ToMe: {where} is compiled with fullgraph=True (module.compile, or diffusers' "
-                "compile_repeated_blocks(fullgraph=True)): ToMe's hooks break that graph and torch.compile would stop "
-                "the call. Compile without fullgraph (fullgraph=False: ToMe takes effect at the next call, each "
-                "setting with its own graph), or remove ToMe (tome_core.remove_patch).")
-
-
 _NONE = object()
 _SERIALS = itertools.count(1)  # one per SwitchedHooks, never reused (object ids are, once an object is freed)
 
 
-def _marked_forward(serial: int, call: Callable) -> Callable:
-    """A ``forward`` that calls ``call`` (the module's own); it reads ``serial``, so dynamo guards the serial's value
-    (never an id), and shows ``call``'s name and signature (``inspect.signature`` follows ``__wrapped__``)."""
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if serial:
-            return call(*args, **kwargs)
-        return None
+def _marked_forward(serial: int, call: Callable, module: torch.nn.Module,
+                    around: Optional[Tuple[Callable, Callable]]) -> Callable:
+    """A ``forward`` that calls ``call`` (the module's own), with ``around``'s pre and post about it where given; it
+    reads ``serial``, so dynamo guards the serial's value (never an id), and shows ``call``'s name and signature
+    (``inspect.signature`` follows ``__wrapped__``)."""
+    if around is None:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if serial:
+                return call(*args, **kwargs)
+            return None
+    else:
+        pre, post = around
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            changed = pre(module, args, kwargs)
+            if changed is not None:
+                args, kwargs = changed
+            try:
+                output = call(*args, **kwargs)
+            except BaseException:
+                post(module, args, None)
+                raise
+            result = post(module, args, output)
+            return output if result is None else result
 
     return functools.update_wrapper(forward, call)
 
@@ -152,6 +163,7 @@ class _Marked:
         self.under: Any = _NONE  # the module's own instance forward when the mark was made
         self.function: Any = None  # its class's forward when the mark was made
         self.mark: Any = None
+        self.around: Optional[Tuple[Callable, Callable]] = None  # (pre, post) the mark runs about the forward
 
     def put(self) -> None:
         module = self.module
@@ -162,7 +174,7 @@ class _Marked:
         if self.mark is None or own is not self.under or (own is _NONE and function is not self.function):
             self.under, self.function = own, function
             call = types.MethodType(function, module) if own is _NONE else own
-            self.mark = _marked_forward(self.serial, call)
+            self.mark = _marked_forward(self.serial, call, module, self.around)
         module.forward = self.mark
 
     def take(self) -> None:
@@ -175,15 +187,18 @@ class _Marked:
             module.forward = self.under
 
 
-def enter_for(modes: Dict[int, Any], module: torch.nn.Module, mode: Any) -> None:
-    """Enter a ``TorchFunctionMode`` for ``module``'s forward only (kept under its id until ``exit_for``)."""
+def enter_for(modes: List[Any], mode: Any) -> None:
+    """Enter a ``TorchFunctionMode`` for one module's forward only (kept on ``modes`` until ``exit_for``). A stack, not
+    a map by module: the modules it serves never nest, and a module's id read in a hook would be a guard of dynamo's,
+    one graph per block instance under regional compilation."""
     mode.__enter__()
-    modes[id(module)] = mode
+    modes.append(mode)
 
 
-def exit_for(modes: Dict[int, Any], module: torch.nn.Module) -> Any:
-    """Leave the mode entered for ``module``'s forward; returns it (None where none was entered)."""
-    mode = modes.pop(id(module), None)
-    if mode is not None:
-        mode.__exit__(None, None, None)
+def exit_for(modes: List[Any]) -> Any:
+    """Leave the mode ``enter_for`` entered last; returns it (None where none was entered)."""
+    if not modes:
+        return None
+    mode = modes.pop()
+    mode.__exit__(None, None, None)
     return mode

@@ -18,7 +18,7 @@ import torch
 from ...engine.config import ToMeConfig
 from .fused_kv import add_kv_projection
 from .host_caches import Guarded, refuse_caches_inside
-from .switched import Removable, SwitchedHooks
+from .switched import Removable, SwitchedHooks, compiled_with_fullgraph
 from ...catalogue.unets import attention_base_downsample, attention_levels, level_blocks, transformer_blocks
 from ...engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 from ...engine.schedule import UNET_TIMESTEPS, timestep_value
@@ -43,7 +43,7 @@ class PatchState:
     tables: Dict[Tuple[int, int], Any] = field(default_factory=dict)  # this call's per-level choices
     grids: Dict[int, Tuple[int, int]] = field(default_factory=dict)  # tokens -> grid of this call's reduced levels
     guarded: List[Guarded] = field(default_factory=list)  # modules whose tokens ToMe changes (host_caches.py)
-    watched: List[torch.nn.Module] = field(default_factory=list)  # guarded modules and all inside them
+    watched: List[torch.nn.Module] = field(default_factory=list)  # the transformer blocks and all inside them
     levels: Dict[int, SwitchedHooks] = field(default_factory=dict)  # downsample -> its blocks' hooks
     attached: frozenset = frozenset()  # the downsamples whose hooks are registered now
     call: Optional[tuple] = None  # (module, args, kwargs) of the model call being planned, for run_level
@@ -247,9 +247,10 @@ def install(unet: torch.nn.Module, config: ToMeConfig) -> PatchState:
     if not config.enabled:
         return state
     state.guarded = guarded_modules(unet, config)  # apply_patch checked them (check_partners); each call does again
-    state.watched = [sub for _, module, _ in state.guarded for sub in module.modules()]
+    # the blocks and all inside them (guarded modules included): looked into at each reduced call
+    state.watched = [sub for block in transformer_blocks(unet) for sub in block.modules()]
     for downsample, blocks in level_blocks(unet).items():
-        level = state.levels[downsample] = SwitchedHooks(unet)
+        level = state.levels[downsample] = SwitchedHooks()
         for block in blocks:
             _hook_block(block, state, level)
     state.weight = floating_weight(unet)
@@ -295,7 +296,7 @@ def _record_step(state: PatchState) -> Callable:
                 state.grids.clear()
                 state.attach(frozenset())
             return None
-        refuse_new_caches(state)  # a cache hook added after apply_patch, before any block of this call
+        refuse_late_changes(state)  # a cache hook or a compile since apply_patch, before any block of this call
         tables = merger.step_tables(latent_hw, state.step_key, device, batch, dtype, levels=levels,
                                     reuse=state.forcing is None)
         state.tables = tables
@@ -311,12 +312,30 @@ def _record_step(state: PatchState) -> Callable:
     return record_step
 
 
-def refuse_new_caches(state: PatchState) -> None:
-    """Refuse a diffusers cache hook added after apply_patch inside what ToMe reduces (``host_caches``)."""
+def refuse_late_changes(state: PatchState) -> None:
+    """Refuse, before any block of the call runs, what was done inside what ToMe reduces since apply_patch: a diffusers
+    cache hook (``host_caches``), or in mode merge a block compiled alone with fullgraph=True (``refuse_compiled``).
+    One look into each watched module's ``__dict__`` per call."""
+    merge = state.config.mode == "merge"
     for watched in state.watched:
-        if _HOOK_REGISTRY in watched.__dict__:
+        held = watched.__dict__
+        if _HOOK_REGISTRY in held:
             refuse_caches_inside(state.guarded, state.config.mode)
-            return
+        if merge and held.get("_compiled_call_impl") is not None:
+            refuse_compiled(state.watched)
+
+
+def refuse_compiled(modules: List[torch.nn.Module]) -> None:
+    """Mode merge on a UNet block compiled alone with fullgraph=True (``block.compile(fullgraph=True)``): torch.compile
+    traces the block's hooks apart from it, each a graph of its own, and the plan one hook hands the next cannot leave
+    a graph (dynamo stops the call: "Reconstruction failure"). Refused naming the block's class and what works."""
+    for module in modules:
+        if compiled_with_fullgraph(module):
+            raise RuntimeError(
+                f"ToMe: a {type(module).__name__} of the UNet is compiled alone with fullgraph=True: mode merge's "
+                "hooks on a UNet block run outside such a graph and cannot hand it their plan. Compile the whole UNet "
+                "instead (torch.compile(unet) or unet.compile(), fullgraph=True allowed), compile the blocks without "
+                "fullgraph, or use mode='kv'.")
 
 
 def uninstall(unet: torch.nn.Module) -> None:

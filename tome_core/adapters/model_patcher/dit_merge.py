@@ -191,7 +191,7 @@ class DiTMergePatch(DiTCallPatch):
             # one cut per input and stream per call: the model builds its rotary table once per call and hands every
             # block the same one (keyed by name, not by the table's id: under torch.compile an id is a guard that
             # fails at every call, a recompile per step)
-            cut = (key, joint_layout)
+            cut = (key, joint_layout.grid, joint_layout.prefix, joint_layout.suffix)  # plain values (MergeCall.merges)
             if cut not in call.cuts:
                 call.cuts[cut] = (pe, _cut_table(pe, call.merge_on(joint_layout), spec.pe_axis))
             out[key] = call.cuts[cut][1]
@@ -232,7 +232,7 @@ class DiTMergePatch(DiTCallPatch):
         args = list(args)
         q, k = (args[0], args[1]) if len(args) >= 3 else (kwargs.get("q"), kwargs.get("k"))
         keys = k.shape[2 if kwargs.get("skip_reshape", False) else 1] if isinstance(k, torch.Tensor) else -1
-        cached = (stream, keys)  # one bias per stream and key count in a call
+        cached = (stream.grid, stream.prefix, stream.suffix, keys)  # one bias per stream and key count in a call
         if cached not in call.bias:
             call.bias[cached] = key_bias(merge, stream, keys, text, how=self.attention)
         bias = call.bias[cached]

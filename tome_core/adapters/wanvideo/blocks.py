@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...catalogue.wanvideo import WanVideoMerge
 from ...engine.grid import TokenLayout
+from ...engine.passthrough import PYTHON_METHODS
 from ...engine.token_merge import TokenMerge
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -94,6 +95,8 @@ class KVMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention or self.reached:
+            if PYTHON_METHODS.get(getattr(func, "__name__", None)) is func and args and type(args[0]) is torch.Tensor:
+                return getattr(args[0], func.__name__)(*args[1:], **kwargs)  # passthrough.py
             return func(*args, **kwargs)
         bound = dict(zip(_SDPA_ARGS, args), **kwargs)
         query, key, value = bound["query"], bound["key"], bound["value"]
