@@ -2,11 +2,12 @@
 
 Where to act: these models apply RoPE and concatenate text with image tokens *inside* their
 attention processors, so the only point that sees the final (rotated, concatenated) keys is the
-attention call itself. A forward pre-hook on each patched attention module enters a
-``TorchFunctionMode`` that lives only for that module's forward and shortens the keys/values
-handed to ``torch.nn.functional.scaled_dot_product_attention`` (diffusers' native backend and
-SD3's processor both end there); a forward hook (always_call) leaves it. No processor is replaced
-or copied and no global is touched; removal takes the hooks and the state attribute away.
+attention call itself. Around each patched attention module's forward (in its marked ``forward``:
+``switched.py``, kind "around", which torch.compile traces with the block), ToMe enters a
+``TorchFunctionMode`` that lives only for that forward and shortens the keys/values handed to
+``torch.nn.functional.scaled_dot_product_attention`` (diffusers' native backend and SD3's processor
+both end there), and leaves it after, also where the forward raised. No processor is replaced or
+copied and no global is touched; removal takes the hooks and the state attribute away.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Mode "merge" on diffusers DiTs: fewer image tokens through whole blocks, through per-block hooks.
 
-A forward pre-hook on the transformer reads each call's layout and step once; a pre-hook on each block of
-the block range hands the block the merged image stream (and the rotary table and per-token inputs cut to
-it); a forward hook puts the block's update back on the full stream (``TokenMerge.unmerge_update``). The
+A forward pre-hook on the transformer reads each call's layout and step once; around each block of the block range
+(in its marked ``forward``: ``switched.py``, kind "around", traced by torch.compile with the block, so hooks on the
+block see its whole tokens) ToMe hands the block the merged image stream (and the rotary table and per-token inputs
+cut to it) and puts the block's update back on the full stream after (``TokenMerge.unmerge_update``). The
 matching is planned from the first reduced block's input and reused by the call's other blocks. Text and
 every token outside the grid pass whole. No block is replaced or copied; removal takes the hooks and the
 state attribute (shared with mode kv, so ``remove_patch``/``is_patched`` treat both alike).

@@ -58,13 +58,24 @@ class SwitchedHooks:
         self.attached = False
         self.marks: Dict[int, _Marked] = {}  # id(module) -> its marked forward while attached
         self.serial = next(_SERIALS)
+        self._put: Optional[List[_Marked]] = None  # the marks ``attach`` puts (``_outermost``)
 
     def add(self, module: torch.nn.Module, hook: Any, kind: str) -> None:
         mark = self.marks.setdefault(id(module), _Marked(module, self.serial))
+        self._put = None
         if kind == "around":
             mark.around = hook
             return
         self.hooks.append((module, hook, kind, frozenset(_hook_dict(module, kind))))
+
+    def _outermost(self) -> List[_Marked]:
+        """The marks to put: a mark that only tells dynamo the hooks changed is left off a module inside another
+        marked module of these hooks (its hooks come and go with that one's, whose mark dynamo guards where it traces
+        the inner module's hooks): a UNet block's attn1 costs no call of its own. A mark that runs hooks stays."""
+        if self._put is None:
+            inner = {id(sub) for mark in self.marks.values() for sub in mark.module.modules() if sub is not mark.module}
+            self._put = [mark for key, mark in self.marks.items() if mark.around is not None or key not in inner]
+        return self._put
 
     def switch(self, on: bool) -> None:
         """Registered iff ``on``; nothing is done where that is already so (the steady state)."""
@@ -87,7 +98,7 @@ class SwitchedHooks:
             for key in keys[last + 1:]:
                 if key != handle.id:
                     hooks.move_to_end(key)
-        for mark in self.marks.values():
+        for mark in self._outermost():
             mark.put()
         self.attached = True
 
@@ -131,6 +142,8 @@ def _marked_forward(serial: int, call: Callable, module: torch.nn.Module,
         pre, post = around
 
         def forward(*args: Any, **kwargs: Any) -> Any:
+            if not serial:  # never: read so that dynamo guards the serial (two patches' hooks share their code)
+                return call(*args, **kwargs)
             changed = pre(module, args, kwargs)
             if changed is not None:
                 args, kwargs = changed

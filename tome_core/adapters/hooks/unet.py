@@ -171,18 +171,22 @@ def _hook_block(block: torch.nn.Module, state: PatchState, level: SwitchedHooks)
             _hook_kv(block.attn1, state, level)
         return
 
-    def forget_plan(module, args, output):
-        # The plan holds this call's tensors; dropping it after the block also leaves torch.compile
-        # nothing made inside the graph to write back into ``current`` (a graph break otherwise).
-        current[0] = IDENTITY_PLAN
+    def unmerge_last(module, args, output):
+        # The block's last merged module drops the plan, which holds this call's tensors: torch.compile then has
+        # nothing made inside its graph to write back into ``current`` (a graph break otherwise), and the block
+        # costs no hook of its own after its forward. always_call: dropped also where that module raised (no output).
+        plan, current[0] = current[0], IDENTITY_PLAN
+        return plan.unmerge(output) if plan.active and output is not None else None
 
+    wanted = ((config.merge_attn, "attn1"), (config.merge_crossattn, "attn2"), (config.merge_mlp, "ff"))
+    merged = [getattr(block, name) for enabled, name in wanted if enabled and getattr(block, name, None) is not None]
+    if not merged:
+        return
     level.add(block, make_plan, "pre")
-    level.add(block, forget_plan, "post-always")
-    for enabled, name in ((config.merge_attn, "attn1"), (config.merge_crossattn, "attn2"), (config.merge_mlp, "ff")):
-        module = getattr(block, name, None)
-        if enabled and module is not None:
-            level.add(module, merge_input, "pre")
-            level.add(module, unmerge_output, "post")
+    for module in merged:
+        level.add(module, merge_input, "pre")
+        level.add(module, unmerge_output if module is not merged[-1] else unmerge_last,
+                  "post" if module is not merged[-1] else "post-always")
 
 
 def _hook_kv(attention: torch.nn.Module, state: PatchState, level: SwitchedHooks) -> None:
