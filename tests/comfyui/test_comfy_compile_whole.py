@@ -5,7 +5,8 @@ TorchCompileModel (comfy_api.torch_helpers.set_torch_compile_wrapper) hands the 
 say whether ToMe's block patches were traced into the model's one graph. Backend ``eager``: dynamo traces and counts
 as it does for inductor (a break is a break), without the C++ compile, so every family and mode runs in a few
 seconds. The models are ComfyUI's own classes built small with seeded weights (the fixtures of test_comfy_dit and
-test_comfy_families), sampled with ComfyUI's sampler (euler, 3 steps: every step a new sigma).
+test_comfy_families; LTX-2 where the ComfyUI has it: 2026), sampled with ComfyUI's sampler (euler, 3 steps: every
+step a new sigma).
 
 What is checked per family and mode, against the same model compiled without ToMe in the same process: no more
 graphs, no graph break, no frame left to eager, nothing compiled after the first step, and the compiled sample equals
@@ -43,7 +44,7 @@ def _family(comfy, name):
     import test_comfy_families
 
     build = {"flux": test_comfy_dit.flux, "wan": test_comfy_dit.wan, "qwen_image": test_comfy_families.qwen_image,
-             "z_image": test_comfy_families.z_image}[name]
+             "z_image": test_comfy_families.z_image, "ltx2": test_comfy_families.ltxav}[name]
     patcher, latent, cond = build(comfy)[:3]
     return test_comfy_compile.with_sdpa(comfy, patcher), latent, cond
 
@@ -85,7 +86,7 @@ def rel(a, b) -> float:
 
 
 @pytest.mark.parametrize("mode", ["merge", "kv"])
-@pytest.mark.parametrize("family", ["flux", "wan", "qwen_image", "z_image"])
+@pytest.mark.parametrize("family", ["flux", "wan", "qwen_image", "z_image", "ltx2"])
 def test_tome_compiles_to_the_graphs_of_the_model_alone(comfy, family, mode):
     import test_comfy_dit
     from tome_core.adapters.model_patcher.dit import patch_dit_model_patcher
