@@ -11,7 +11,7 @@ copied and no global is touched; removal takes the hooks and the state attribute
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F

@@ -44,6 +44,7 @@ class PatchState:
     grids: Dict[int, Tuple[int, int]] = field(default_factory=dict)  # tokens -> grid of this call's reduced levels
     guarded: List[Guarded] = field(default_factory=list)  # modules whose tokens ToMe changes (host_caches.py)
     watched: List[torch.nn.Module] = field(default_factory=list)  # the transformer blocks and all inside them
+    compiles_seen: set = field(default_factory=set)  # ids of the watched modules' compiled calls already looked at
     levels: Dict[int, SwitchedHooks] = field(default_factory=dict)  # downsample -> its blocks' hooks
     attached: frozenset = frozenset()  # the downsamples whose hooks are registered now
     call: Optional[tuple] = None  # (module, args, kwargs) of the model call being planned, for run_level
@@ -319,14 +320,16 @@ def _record_step(state: PatchState) -> Callable:
 def refuse_late_changes(state: PatchState) -> None:
     """Refuse, before any block of the call runs, what was done inside what ToMe reduces since apply_patch: a diffusers
     cache hook (``host_caches``), or in mode merge a block compiled alone with fullgraph=True (``refuse_compiled``).
-    One look into each watched module's ``__dict__`` per call."""
+    One look into each watched module's ``__dict__`` per call; a compiled module is looked into once."""
     merge = state.config.mode == "merge"
     for watched in state.watched:
         held = watched.__dict__
         if _HOOK_REGISTRY in held:
             refuse_caches_inside(state.guarded, state.config.mode)
-        if merge and held.get("_compiled_call_impl") is not None:
-            refuse_compiled(state.watched)
+        compiled = held.get("_compiled_call_impl") if merge else None
+        if compiled is not None and id(compiled) not in state.compiles_seen:
+            refuse_compiled([watched])
+            state.compiles_seen.add(id(compiled))
 
 
 def refuse_compiled(modules: List[torch.nn.Module]) -> None:
