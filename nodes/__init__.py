@@ -1,4 +1,4 @@
-"""ComfyUI nodes of tome: "ToMe (token merging)", "ToMe (advanced)" and, for kijai's ComfyUI-WanVideoWrapper,
+"""ComfyUI nodes of tome: "ToMe" (token merging), "ToMe (advanced)" and, for kijai's ComfyUI-WanVideoWrapper,
 "ToMe (WanVideoWrapper)".
 
 Imported relatively by the repository's root ``__init__.py`` (ComfyUI has its own top-level

@@ -11,77 +11,72 @@ try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
     from ..tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
     from ..tome_core.adapters.model_patcher.plan import default_mode, default_ratio, plan_patch, resolve
-    from ..tome_core.catalogue.quality import trade_summary
     from ..tome_core.adapters.model_patcher.unet import merger_of
-    from ..tome_core.adapters.model_patcher.dit_merge import merge_patch_of
+    from ..tome_core.adapters.model_patcher.dit_call import call_patch_of
     from ..tome_core.catalogue.families import UNET_FAMILIES, default_modes, merging, mode_summary, short_title
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
     from tome_core.adapters.model_patcher.plan import default_mode, default_ratio, plan_patch, resolve
-    from tome_core.catalogue.quality import trade_summary
     from tome_core.adapters.model_patcher.unet import merger_of
-    from tome_core.adapters.model_patcher.dit_merge import merge_patch_of
+    from tome_core.adapters.model_patcher.dit_call import call_patch_of
     from tome_core.catalogue.families import UNET_FAMILIES, default_modes, merging, mode_summary, short_title
-from .ui_messages import announce_levels, announce_notes
+from .ui_messages import announce_levels
 
 CATEGORY = "model_patches/unet"
 MAX_SEED = 0xFFFFFFFF
+# Where each input is explained at length: the node's help panel (the 2026 frontend shows web/docs/<node id>.md).
+MORE = " More: the node's help (?)."
 
 # The families and their modes are the catalogue's (tome_core/catalogue/families.py), never written here.
 MERGING = ", ".join(short_title(family) for family in merging())
 UNETS = ", ".join(family.split(" (")[0] for family in UNET_FAMILIES)
-MODEL_INPUT = ("MODEL", {"tooltip": f"The model to speed up: a UNet ({UNETS}) or a "
-                                    f"transformer (DiT) of the README's list; {mode_summary()}. "
-                                    "It is not changed: the node returns a patched copy."})
-MODEL_DEFAULT = -1.0  # the ratio widget's "the model's default" (as block_start's -1)
+MODEL_INPUT = ("MODEL", {"tooltip": f"The model to speed up: a UNet ({UNETS}) or a transformer; {mode_summary()}. "
+                                    "Returned as a patched copy."})
+MODEL_DEFAULT = -1.0  # the ratio widget's "model default" (as block_start's -1); the frontend shows it in words
 RATIO = ("FLOAT", {
     "default": MODEL_DEFAULT, "min": MODEL_DEFAULT, "max": 0.75, "step": 0.01,
-    "tooltip": "Fraction of image tokens merged away in each patched self-attention. -1 (default) = the model's "
-               "default: 0.5 on UNets (tomesd's), on transformers their family's, the fastest measured at or under "
-               "tomesd's error. Higher is faster but softer; 0 turns ToMe off. Upper bound 1 - 1/(sx*sy) (0.75 at "
-               "the default 2x2 cells). " + trade_summary(),
+    "tooltip": "How many image tokens are merged away: higher is faster but softer. \"model default\" (-1) uses the "
+               "model's own (0.5 on SD1.5/SDXL; each transformer family its measured one). 0 turns ToMe off; at most "
+               "0.75." + MORE,
 })
 MAX_DOWNSAMPLE = ("INT", {
     "default": 1, "min": 1, "max": 8, "step": 1,
-    "tooltip": "Deepest UNet level merged, counted from the model's first attention level: 1 = only that "
-               "level (most of the speed-up, least damage), 2, 4 or 8 = deeper levels too. SD1/SD2 start at "
-               "full latent resolution, SDXL at half, so 1 also speeds up SDXL. DiTs have no levels: ignored there.",
+    "tooltip": "UNets: how deep ToMe goes. 1 = only the first attention level (most of the speed, least damage); 2, "
+               "4 or 8 add deeper levels. Transformers ignore it." + MORE,
 })
 ADVANCED_INPUTS = {
     "sx": ("INT", {"default": 2, "min": 1, "max": 8, "step": 1, "tooltip":
-                   "Width of the cell that keeps one destination token (2 recommended). With sy, bounds ratio "
-                   "at 1 - 1/(sx*sy)."}),
+                   "Width of the cell that keeps one token (2 recommended). With sy it bounds ratio at "
+                   "1 - 1/(sx*sy)."}),
     "sy": ("INT", {"default": 2, "min": 1, "max": 8, "step": 1, "tooltip":
-                   "Height of the cell that keeps one destination token (2 recommended)."}),
+                   "Height of the cell that keeps one token (2 recommended)."}),
     "use_rand": ("BOOLEAN", {"default": True, "tooltip":
-                             "Pick each cell's destination at random (seeded by tome_seed and the step) instead "
-                             "of its top-left token; random avoids grid artifacts."}),
+                             "Pick each cell's kept token at random (seeded) instead of its top-left one; random "
+                             "avoids grid artifacts."}),
     "tome_seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED, "control_after_generate": False, "tooltip":
-                          "Seed of ToMe's own random partition. The sampler's noise is never affected; the same "
-                          "seed gives the same image every run."}),
+                          "Seed of ToMe's own random choice. The sampler's noise is not affected; the same seed gives "
+                          "the same image."}),
     "mode": (list(MODES), {"default": "merge", "tooltip":
-                               "merge: tomesd's method, self-attention runs on merged tokens and the result is "
-                               "copied back. kv: every token keeps its own query, only keys/values are downsampled "
-                               "to one token per window (gentler on detail; the window is the one closest to ratio: 0.5 -> 1x2, 0.75 -> 2x2, 0.88 with sx=sy=3 -> 3x3). "
-                               f"On {MERGING}, merge carries fewer image tokens through whole blocks (more "
-                               "speed, more error than kv); other transformers take kv only."}),
+                               "merge: attention runs on merged tokens (tomesd's method; on transformers, fewer tokens "
+                               f"through whole blocks: {MERGING}). kv: every token keeps its query, only keys/values "
+                               "are thinned (gentler, less speed)." + MORE}),
     "merge_crossattn": ("BOOLEAN", {"default": False, "tooltip":
-                                    "Also merge the image tokens entering cross-attention (mode merge only). "
-                                    "Little extra speed, visible quality cost; off is recommended."}),
+                                    "UNets, mode merge: also merge the tokens entering cross-attention. Little extra "
+                                    "speed, visible quality cost; off is recommended."}),
     "start_percent": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.001, "tooltip":
-                                "Sampling progress (0 = first, noisiest step) from which ToMe is on; same "
-                                "meaning as ComfyUI's ControlNet start_percent."}),
+                                "Sampling progress from which ToMe is on (0 = the first step), as ControlNet's "
+                                "start_percent."}),
     "end_percent": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.001, "tooltip":
                               "Sampling progress after which ToMe is off (1 = until the last step)."}),
     "min_tokens": ("INT", {"default": 0, "min": 0, "max": 1 << 20, "step": 64, "tooltip":
-                           "Leave levels with fewer tokens than this alone (small images gain nothing from "
-                           "merging). 0 = merge every selected level."}),
+                           "UNets: leave levels with fewer tokens than this alone (small images gain nothing). "
+                           "0 = every chosen level."}),
 }
 # Optional so that workflows saved before it existed still load and run with the default.
 KV_DOWNSAMPLE_INPUT = (list(KV_DOWNSAMPLES), {"default": "nearest", "tooltip":
-                       "mode kv only: nearest keeps one real token per window (ToDo's default; lower error on "
-                       "SD1.5 in our measurements), avg averages each window (lower on SDXL)."})
+                       "Mode kv only: nearest keeps one real token per window (lower error on SD1.5), avg averages "
+                       "each window (lower on SDXL)."})
 # ComfyUI's defaults (the basic node uses them too): GPU users never get a level that measured slower
 # than doing nothing; one matching per level, which measured as close to the original as tomesd's per-block
 # matching or closer, with a fifth of its matching work (docs/BENCHMARK.md "Which matching?").
@@ -89,31 +84,29 @@ COMFY_DEFAULTS = {"matching": "level", "speed_check": "auto"}
 # Optional for the same reason as kv_downsample.
 SPEED_INPUTS = {
     "matching": (list(MATCHINGS), {"default": COMFY_DEFAULTS["matching"], "tooltip":
-                 "mode merge only: block matches every block's own tokens (tomesd); level matches once per "
-                 "UNet level and step and reuses it in the level's other blocks (fewer GPU kernels)."}),
+                 "Mode merge on UNets: block matches tokens in every block (tomesd); level matches once per level "
+                 "and step and reuses it (fewer GPU kernels, same quality in our measurements)."}),
     "speed_check": (list(SPEED_CHECKS), {"default": COMFY_DEFAULTS["speed_check"], "tooltip":
-                    "auto: on a GPU, each UNet level is timed once per size at the first step and left whole "
-                    "where ToMe measured slower than doing nothing (shown on this node after the run); the CPU "
-                    "is not timed. off: always reduce (tomesd). on: time on the CPU too."}),
+                    "auto: on a GPU, ToMe times itself at the first step and stays off where it would be slower "
+                    "(the result is shown on this node); the CPU is not timed. off: always on. on: time on the CPU "
+                    "too."}),
     "match_every": ("INT", {"default": 1, "min": 1, "max": 10, "tooltip":
-                    "mode merge only (UNets with matching level, and transformers): one model call in this many "
-                    "matches, the calls between reuse its matching (as ToMA does across steps); each sampling run "
-                    "starts afresh. Fewer GPU kernels per step for a little more error (2: +0.1 to +0.8 % on "
-                    "SD1.5, Flux and Wan in our CPU measurements); the GPU gain is not measured yet. 1 = match "
-                    "every call (tomesd). Needs ComfyUI 0.3 or later."}),
+                    "Mode merge: match tokens in one model call of this many and reuse that matching in the calls "
+                    "between. Fewer GPU kernels for a little more error; 1 = every call (tomesd)." + MORE}),
 }
 # Optional for the same reason; their rule block_start < block_end is checked when the node runs.
 BLOCK_INPUTS = {
     "block_start": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 1.0, "step": 0.01, "tooltip":
-                              "DiTs (Flux, Qwen-Image, Wan, LTX-2, ...) only: the share of the model's blocks, in depth order "
-                              "(Flux: double, then single blocks), that ToMe reduces starts here (0 = the first "
-                              "block). -1 (default) = the model's default: Flux its single blocks (the least "
-                              "error per unit of speed-up in our measurements), the others their first block. "
-                              "UNets: keep -1 or 0 (max_downsample picks their levels)."}),
+                              "Transformers: the share of blocks ToMe reduces starts here (0 = the first block). "
+                              "\"model default\" (-1): Flux its single blocks, the others their first block. "
+                              "UNets ignore it." + MORE}),
     "block_end": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01, "tooltip":
-                            "DiTs only: the reduced share of the blocks ends here (1 = the last block); block i of "
-                            "n is reduced iff block_start <= (i + 0.5) / n <= block_end. UNets: keep 1."}),
+                            "Transformers: the reduced share of the blocks ends here (1 = the last block). UNets "
+                            "ignore it."}),
 }
+# What a user types in ComfyUI's node search to find these nodes (the 2026 frontend reads SEARCH_ALIASES / V3's
+# search_aliases beside the display name).
+SEARCH_ALIASES = ["token merging", "tomesd", "merge tokens", "speed up", "faster sampling", "ToDo"]
 
 
 # The inputs the advanced node's validation function declares: mode alone. ComfyUI (2024, 0.3.75 and the
@@ -189,24 +182,29 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     resolved = resolve(model)  # the model as the catalogue knows it, read once for the whole patch
     if "mode" not in values:  # the basic node: the family's default on a DiT (the catalogue's default_mode)
         values = dict(values, mode=default_mode(resolved))
+    defaults = {name for name in ("ratio", "block_start") if values.get(name) == MODEL_DEFAULT}
     values = with_model_ratio(values, lambda mode: default_ratio(resolved, mode))  # tomesd's 0.5 on UNets
     config = _config(spec, **values)
     plan = plan_patch(resolved, config)  # validated and described before anything is registered
     patched = plan.attach()
-    merger = merger_of(patched) if plan.kind == "unet" else None
-    if merger is not None and node_id is not None:
-        announce_levels(merger, node_id)
-    merging = merge_patch_of(patched) if plan.kind == "dit" else None
-    if merging is not None and node_id is not None:  # e.g. "balanced attention needs a mask; ...: plain"
-        announce_notes(merging, node_id)
-    return patched, {"tome": [plan.description]}
+    source = merger_of(patched) if plan.kind == "unet" else call_patch_of(patched)
+    if source is not None and node_id is not None:  # the speed check's verdicts and the patch's notes
+        announce_levels(source, node_id)
+    return patched, {"tome": [shown(plan.description, config, defaults, default_ratio(resolved, config.mode))]}
+
+
+def shown(description: Dict[str, Any], config: ToMeConfig, defaults: set, model_ratio: float) -> Dict[str, Any]:
+    """The plan's description with what the node's widgets show: which inputs were left at "model default" and the
+    model's default ratio in the mode used (the ratio widget's words after a run, e.g. "merge 0.2 (Flux default)")."""
+    return dict(description, defaults=sorted(defaults), default_ratio=model_ratio)
 
 
 class ToMe:
     """ToMe with the two settings that matter: how much to merge and how deep."""
 
     NODE_ID = "TomeCoreToMe"
-    DISPLAY_NAME = "ToMe (token merging)"
+    DISPLAY_NAME = "ToMe"  # exactly what users type: ComfyUI's node search ranks an exact name first
+    SEARCH_ALIASES = SEARCH_ALIASES
     DESCRIPTION = (f"Token Merging: speeds up {UNETS.replace(', ', '/')} sampling by merging similar image tokens "
                    f"in self-attention, and transformers in their family's default mode ({default_modes()}); put "
                    "it between the model loader and the sampler.")
@@ -274,4 +272,4 @@ V1_NODES = (ToMe, ToMeAdvanced)
 # node ids from literal keys only, so "Install Missing Custom Nodes" finds this pack for a shared workflow; the
 # keys are the saved workflows' node ids (tests/comfyui/test_comfy_registry.py checks them against NODE_ID).
 NODE_CLASS_MAPPINGS = {"TomeCoreToMe": ToMe, "TomeCoreToMeAdvanced": ToMeAdvanced}
-NODE_DISPLAY_NAME_MAPPINGS = {"TomeCoreToMe": "ToMe (token merging)", "TomeCoreToMeAdvanced": "ToMe (advanced)"}
+NODE_DISPLAY_NAME_MAPPINGS = {"TomeCoreToMe": "ToMe", "TomeCoreToMeAdvanced": "ToMe (advanced)"}

@@ -6,6 +6,7 @@ Importing this module needs ``comfy_api``: the root package imports it only wher
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Type
 
 from comfy_api.latest import ComfyExtension, io
@@ -35,6 +36,12 @@ def _v3_input(name: str, kind: Any, options: Dict[str, Any], optional: bool) -> 
     raise TypeError(f"ToMe: no V3 input for {name} of type {kind!r}.")
 
 
+def _search_aliases(v1: Type[ToMe]) -> Dict[str, Any]:
+    """``search_aliases`` where this ComfyUI's ``io.Schema`` has it (2026; 0.3.75 has not)."""
+    names = {field.name for field in dataclasses.fields(io.Schema)}
+    return {"search_aliases": list(v1.SEARCH_ALIASES)} if "search_aliases" in names else {}
+
+
 def _v3_node(v1: Type[ToMe]) -> Type[io.ComfyNode]:
     """A V3 ``io.ComfyNode`` with v1's schema, validation and patch."""
     inputs = v1.INPUT_TYPES()
@@ -54,6 +61,7 @@ def _v3_node(v1: Type[ToMe]) -> Type[io.ComfyNode]:
                         for name, kind_options in spec.items()],
                 outputs=[output(tooltip=v1.OUTPUT_TOOLTIPS[0])],
                 hidden=[io.Hidden.unique_id],  # where the speed check's verdicts are shown
+                **_search_aliases(v1),
             )
 
         @classmethod

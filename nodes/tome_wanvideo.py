@@ -18,13 +18,12 @@ try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core.adapters.wanvideo import patch_of, patch_wanvideo, plan_wanvideo
     from ..tome_core.engine.config import MODES, SPEED_CHECKS
     from ..tome_core.catalogue.families import BY_NAME
-    from ..tome_core.catalogue.quality import trade
 except ImportError:  # imported with tome_core on sys.path
     from tome_core.adapters.wanvideo import patch_of, patch_wanvideo, plan_wanvideo
     from tome_core.engine.config import MODES, SPEED_CHECKS
     from tome_core.catalogue.families import BY_NAME
-    from tome_core.catalogue.quality import trade
-from .tome_nodes import ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, RATIO, ToMe, ToMeAdvanced, _config, with_model_ratio
+from .tome_nodes import (ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, MODEL_DEFAULT, MORE, RATIO, SEARCH_ALIASES, ToMe,
+                         ToMeAdvanced, _config, shown, with_model_ratio)
 from .ui_messages import announce_levels
 
 WANVIDEOMODEL = "WANVIDEOMODEL"
@@ -32,19 +31,17 @@ WAN = BY_NAME["wan"]  # the wrapper runs Wan only: its defaults are the catalogu
 _LOG = logging.getLogger("tome")
 
 MODE_INPUT = (list(MODES), {"default": "merge", "tooltip":
-              "merge: fewer video tokens through whole blocks (ratio of them merged into a similar neighbour of "
-              "their 2x2 window, each token gets its group's update back; the most speed). kv: every token keeps its query, the self-attention's "
-              "keys/values are downsampled (gentler, less speed; needs attention_mode sdpa or comfy)."})
+              "merge: fewer video tokens through whole blocks (the most speed). kv: every token keeps its query, only "
+              "the self-attention's keys/values are thinned (gentler, less speed; needs attention_mode sdpa or comfy)."
+              + MORE})
 START_INPUT = ("FLOAT", dict(ADVANCED_INPUTS["start_percent"][1], tooltip=
                "Sampling progress from which ToMe is on: the wrapper's step / steps (0 = the first step)."))
 END_INPUT = ("FLOAT", dict(ADVANCED_INPUTS["end_percent"][1], tooltip=
              "Sampling progress after which ToMe is off (1 = until the last step)."))
 SPEED_CHECK_INPUT = (list(SPEED_CHECKS), {"default": "auto", "tooltip":
-                     "auto: on a GPU, each call shape is timed once at the first step (the model call whole against "
-                     "reduced) and left whole where ToMe measured slower (the verdict is shown on this node after the run and in "
-                     "the server log; not "
-                     "timed beside TeaCache/MagCache/EasyCache, whose state a repeated call would disturb); the CPU "
-                     "is not timed. off: always reduce. on: time on the CPU too."})
+                     "auto: on a GPU, ToMe times itself at the first step and stays off where it would be slower (the "
+                     "result is shown on this node); not timed beside a step cache; the CPU is not timed. off: always "
+                     "on. on: time on the CPU too."})
 
 
 class ToMeWanVideo:
@@ -52,6 +49,7 @@ class ToMeWanVideo:
 
     NODE_ID = "TomeCoreToMeWanVideo"
     DISPLAY_NAME = "ToMe (WanVideoWrapper)"
+    SEARCH_ALIASES = SEARCH_ALIASES
     DESCRIPTION = ("Token Merging for the Wan models of kijai's ComfyUI-WanVideoWrapper (its WANVIDEOMODEL: the node "
                    "needs the wrapper): fewer video tokens through the blocks (merge) or fewer keys/values (kv). Put it "
                    "between the WanVideo model loader (and its LoRA, block swap and attention nodes) and the WanVideo "
@@ -66,10 +64,10 @@ class ToMeWanVideo:
         model = (WANVIDEOMODEL, {"tooltip": "The model of the WanVideo model loader (Wan 2.1/2.2 t2v, i2v, Fun, "
                                             "Phantom, VACE, ...). It is not changed: the node returns a patched copy."})
         ratio = (RATIO[0], dict(RATIO[1], max=0.98, tooltip=
-                                "Fraction of the video tokens merged away (merge), or the key/value window closest "
-                                "to it (kv: 0.5 -> 1x2, 0.75 -> 2x2). -1 (default) = Wan's default in the mode "
-                                f"chosen ({WAN.default_ratio:g} in {WAN.default_mode}, 0.5 in the other); 0 turns "
-                                "ToMe off. At most 1 - 1/(sx*sy). " + (trade("wan", "Wan") or "") + "."))
+                                "How many video tokens are merged away (merge), or the key/value window closest to it "
+                                "(kv). \"model default\" (-1): Wan's own in the mode chosen "
+                                f"({WAN.default_ratio:g} in {WAN.default_mode}). 0 turns ToMe off; at most "
+                                "1 - 1/(sx*sy)." + MORE))
         required = {"model": model, "ratio": ratio, "mode": MODE_INPUT, "sx": ADVANCED_INPUTS["sx"],
                     "sy": ADVANCED_INPUTS["sy"], "use_rand": ADVANCED_INPUTS["use_rand"],
                     "tome_seed": ADVANCED_INPUTS["tome_seed"], "start_percent": START_INPUT,
@@ -90,8 +88,9 @@ class ToMeWanVideo:
 def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: Optional[str] = None) -> tuple:
     """The patched clone and the node's UI message (the plan's description, also logged); shared by V1 and V3. The
     speed check's verdicts, decided while sampling, go to the log and to node ``node_id`` (``announce_levels``)."""
+    defaults = {name for name in ("ratio", "block_start") if values.get(name) == MODEL_DEFAULT}
     config = _config(spec, **with_model_ratio(values, WAN.ratio_for))  # Wan's default ratio in the mode chosen
-    description = plan_wanvideo(model, config)  # every refusal, before anything is cloned
+    description = shown(plan_wanvideo(model, config), config, defaults, WAN.ratio_for(config.mode))  # refusals first
     patched = patch_wanvideo(model, config)
     for line in description["text"]:
         _LOG.info(line)

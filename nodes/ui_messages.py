@@ -1,9 +1,10 @@
 """Messages from a running prompt to the browser (ComfyUI's ``PromptServer.send_sync`` websocket).
 
-The speed check decides each UNet level at the first sampling step, after the ToMe node has run, so
-its verdicts reach the node's text this way: the frontend extension (web/tome.js) listens for
-``LEVELS_EVENT`` and draws the lines on the node whose id they carry. Outside a ComfyUI server
-(tests, the WebUI) there is no ``server`` module and nothing is sent.
+The speed check decides each UNet level (or DiT call shape) at the first sampling step, after the ToMe node has
+run, so its verdicts reach the node's text this way: the frontend extension (web/tome.js) listens for
+``LEVELS_EVENT`` and draws them on the node whose id they carry. Each message holds the engine's lines (for the log
+and older frontends), the patch's notes, and the verdicts as plain values (``verdict_records``), which the extension
+words itself. Outside a ComfyUI server (tests, the WebUI) there is no ``server`` module and nothing is sent.
 """
 from __future__ import annotations
 
@@ -20,23 +21,23 @@ def _prompt_server() -> Any:
     return getattr(PromptServer, "instance", None)
 
 
-def _sender(node_id: Any):
+def message(node_id: Any, source: Any, lines: List[str]) -> dict:
+    """What the node ``node_id`` is sent when ``source`` (a UNet plan, a DiT patch) has new verdicts or notes."""
+    return {"node": str(node_id), "lines": list(lines), "notes": list(getattr(source, "notes", [])),
+            "verdicts": source.verdict_records()}
+
+
+def _sender(node_id: Any, source: Any):
     def send(lines: List[str]) -> None:
         server = _prompt_server()
         if server is not None:  # from the sampling thread: send_sync queues it on the server's loop
-            server.send_sync(LEVELS_EVENT, {"node": str(node_id), "lines": list(lines)}, server.client_id)
+            server.send_sync(LEVELS_EVENT, message(node_id, source, lines), server.client_id)
     return send
 
 
-def announce_levels(merger: Any, node_id: Any) -> None:
-    """Send ``merger``'s description to node ``node_id`` each time the speed check decides a level."""
-    if merger.config.speed_check == "off" or _prompt_server() is None:
+def announce_levels(source: Any, node_id: Any) -> None:
+    """Send ``source``'s verdicts (a UNet ``TokenMerger``, a DiT patch) to node ``node_id`` each time the speed
+    check decides one, or a note is added."""
+    if _prompt_server() is None:
         return
-    merger.listeners.append(_sender(node_id))
-
-
-def announce_notes(patch: Any, node_id: Any) -> None:
-    """Send a DiT merge patch's notes (``DiTMergePatch.notes``: what its first model calls found, e.g. "balanced
-    attention needs a mask; ... ignores masks: plain") to node ``node_id`` each time one is added."""
-    if _prompt_server() is not None:
-        patch.listeners.append(_sender(node_id))
+    source.listeners.append(_sender(node_id, source))

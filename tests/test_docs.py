@@ -158,3 +158,22 @@ def test_no_hand_written_test_counts():
     for path in DOCS:
         text = path.read_text(encoding="utf-8")
         assert not re.search(r"\b\d+ (?:passed|skipped|failed)\b|\b\d{2,} tests\b", text), path.name
+
+
+def test_every_node_tooltip_is_short_enough_to_read():
+    """A tooltip says what the input does, its safe range and default in at most ~300 characters; the reasoning lives
+    in the node's help page (web/docs/<node id>.md), which every tooltip that says "More" has."""
+    sys.path.insert(0, str(REPO))
+    try:
+        from nodes.tome_nodes import ToMe, ToMeAdvanced
+        from nodes.tome_wanvideo import ToMeWanVideo
+    finally:
+        sys.path.remove(str(REPO))
+    for node in (ToMe, ToMeAdvanced, ToMeWanVideo):
+        for name, (_, options) in node.spec().items():
+            tip = options.get("tooltip", "")
+            assert tip and len(tip) <= 300 and "\n" not in tip, (node.NODE_ID, name, len(tip))
+            for internal in ("docs/results", ".json", "tomesd's error", "saves 1.1x"):
+                assert internal not in tip, (node.NODE_ID, name, internal)
+        assert (REPO / "web" / "docs" / f"{node.NODE_ID}.md").is_file(), node.NODE_ID
+        assert len(node.DESCRIPTION) <= 400 and node.SEARCH_ALIASES, node.NODE_ID

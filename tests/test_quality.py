@@ -62,15 +62,13 @@ def test_the_trade_sentences_read_the_summary():
 
 
 def test_the_texts_where_the_ratio_is_picked_carry_it():
-    """The ComfyUI nodes' ratio tooltip, the WebUI accordion's ratio info and the bench's --help hold every measured
-    family's sentence."""
-    from nodes.tome_nodes import RATIO, ToMeAdvanced
+    """The WebUI accordion's ratio info and the bench's --help hold every measured family's sentence (the ComfyUI
+    nodes' short tooltips point to their help pages, which hold the table: below)."""
     from tome_bench.cli import build_parser as _parser
     from tome_webui.ui import RATIO_INFO
 
     summary = quality.trade_summary()
     assert summary and all(quality.trade(name) in summary for name in DATA["families"])
-    assert summary in RATIO[1]["tooltip"] and summary in ToMeAdvanced.INPUT_TYPES()["required"]["ratio"][1]["tooltip"]
     assert summary in RATIO_INFO
     help_text = re.sub(r"\s+", " ", _parser().format_help())
     assert all(quality.trade(name) in help_text for name in DATA["families"])
@@ -98,3 +96,11 @@ def test_describe_and_the_comfyui_plan_say_it():
     apply_patch(model)
     said = quality.trade("flux", "Flux")
     assert said and describe(model).splitlines()[-1] == said + "."
+
+
+def test_the_nodes_help_pages_carry_the_defaults_table():
+    """The ComfyUI nodes' help pages (web/docs/<node id>.md, which the 2026 frontend shows for a node) hold the same
+    defaults table as the README, the long reasoning the ratio tooltip points to."""
+    for name in ("TomeCoreToMe", "TomeCoreToMeAdvanced", "TomeCoreToMeWanVideo"):
+        match = frontier.DEFAULTS_BLOCK.search((REPO / "web" / "docs" / f"{name}.md").read_text(encoding="utf-8"))
+        assert match and match.group(2) == quality.defaults_table() + "\n", name

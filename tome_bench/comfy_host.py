@@ -3,7 +3,7 @@ timed at the model call ComfyUI's sampler makes, through the runner's rounds, st
 
 The models are ``comfy_host_models``'s (ComfyUI's config classes and model detection configs, seeded weights made on
 the device). A variant is applied as a ComfyUI graph applies it: the node's own ``patch`` (``nodes/tome_nodes.py``,
-"ToMe (token merging)" with its defaults for ``node``, "ToMe (advanced)" in mode merge or kv with the speed check off
+"ToMe" (token merging) with its defaults for ``node``, "ToMe (advanced)" in mode merge or kv with the speed check off
 for ``merge`` and ``kv``) returns a patched clone of the model's ``ModelPatcher``; with a compile mode, the clone then goes
 through the ComfyUI's own core ``TorchCompileModel`` node (``comfy_extras/nodes_torch_compile.py``), so the rows
 follow each version: 0.3.75 compiles with ``set_torch_compile_wrapper(model=clone, backend=backend)``, the 2026

@@ -22,7 +22,7 @@ use it from Python (diffusers):
   tome_core.remove_patch(pipe)
 
 use it in a host (see README.md):
-  ComfyUI           this repository in ComfyUI/custom_nodes: the "ToMe (token merging)" and
+  ComfyUI           this repository in ComfyUI/custom_nodes: the "ToMe" (token merging) and
                     "ToMe (advanced)" nodes patch a MODEL
   A1111 / Forge     this repository in the WebUI's extensions folder: the "ToMe" accordion
 """

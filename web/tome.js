@@ -1,16 +1,22 @@
-// ComfyUI frontend extension for tome's ToMe nodes: draws on the node the token reduction per
-// UNet level for the latent size the node's model is sampled at. Canvas text only (no HTML is
-// built), no network calls; values come from the node's widgets, the graph and the last run.
+// ComfyUI frontend extension for tome's ToMe nodes: says on the node, in plain words, what ToMe will do (before a
+// run: the token reduction per UNet level at the sampler's latent size) and what it did (after a run: the model by
+// the name users know, the mode and ratio used, levels or blocks reduced, the speed check's verdict). Shows the
+// "-1 = model default" widgets as "model default". Canvas text only (no HTML is built), no network calls; values
+// come from the node's widgets, the graph and the server's messages of the last run.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { NODE_IDS, WANVIDEO_NODE_ID, describeLevels } from "./tome_levels.js";
+import { DEFAULTS, MODEL_DEFAULT, NODE_IDS, WANVIDEO_NODE_ID, describeLevels } from "./tome_levels.js";
 
-// Sent by the server (nodes/ui_messages.py) when the speed check decides a level during sampling.
+// Sent by the server (nodes/ui_messages.py) when the speed check decides during sampling, or the patch adds a note.
 export const LEVELS_EVENT = "tome.levels";
 
-const LINE_HEIGHT = 14;
+export const FONT = "12px sans-serif";
+export const LINE_HEIGHT = 16;
+export const PADDING = 10;  // left and right of the lines, inside the node
 const MAX_HOPS = 12;
 const SETTINGS = ["ratio", "max_downsample", "sx", "sy", "mode", "min_tokens", "start_percent", "end_percent"];
+// The widgets whose -1 means "the model's default" (nodes/tome_nodes.py RATIO, BLOCK_INPUTS).
+export const DEFAULT_WIDGETS = ["ratio", "block_start"];
 
 function linkById(graph, id) {
   const links = graph?.links;
@@ -22,6 +28,8 @@ function widgetValue(node, name) {
   const widget = node?.widgets?.find((w) => w.name === name);
   return widget ? widget.value : undefined;
 }
+
+const number = (value) => String(Number(Number(value).toFixed(3)));
 
 // Follow the MODEL output through other model patches to a sampler, then to its empty latent.
 export function findLatentSize(node, graph) {
@@ -48,35 +56,125 @@ export function findLatentSize(node, graph) {
   return null;
 }
 
+// ---- "model default": a choice in words, never a -1.00 to step through ---------------------------------------------
+
+// What the widget shows at -1: after a run that used the model's default, which one (e.g. "merge 0.2 (Flux default)")
+// while the node's mode is still the one run; before, "model default".
+export function defaultWords(node, name) {
+  const run = node.tomeLastRun;
+  const mode = widgetValue(node, "mode");
+  if (name === "ratio" && run?.defaults?.includes("ratio") && run.name && (mode === undefined || mode === run.mode)) {
+    return `${run.mode} ${number(run.ratio)} (${run.name} default)`;
+  }
+  return "model default";
+}
+
+// Where an explicit value starts when the user leaves "model default" (one arrow click, a drag): the model's default
+// ratio the last run used, else tomesd's 0.5; block_start: 0, the first block.
+export function explicitStart(node, name) {
+  if (name !== "ratio") return 0;
+  return node.tomeLastRun?.default_ratio ?? DEFAULTS.ratio;
+}
+
+// Values between -1 and 0 mean nothing (the server refuses them): a step up from -1 lands on the explicit start, a
+// step down from 0 (or any small negative value typed) on -1.
+export function snapDefault(value, start) {
+  const v = Number(value);
+  if (!(v > MODEL_DEFAULT && v < 0)) return value;
+  return v <= MODEL_DEFAULT / 2 ? start : MODEL_DEFAULT;
+}
+
+// Wrap the node's "-1 = model default" widgets: every change is snapped (the widget's callback, which ComfyUI's
+// frontends call after an arrow click, a drag or a typed value), and -1 is drawn in words where the frontend draws a
+// number widget's text from ``_displayValue`` (1.x); the 2024 frontend draws the number itself, so its label says it.
+export function offerModelDefault(node) {
+  for (const widget of node.widgets ?? []) {
+    if (!DEFAULT_WIDGETS.includes(widget.name) || widget.tomeModelDefault) continue;
+    widget.tomeModelDefault = true;
+    const callback = widget.callback;
+    widget.callback = function (value, ...rest) {
+      const snapped = snapDefault(value, explicitStart(node, widget.name));
+      if (snapped !== value) widget.value = snapped;
+      node.setDirtyCanvas?.(true, false);
+      return callback?.call(this, widget.value, ...rest);
+    };
+    if ("_displayValue" in widget) {
+      Object.defineProperty(widget, "_displayValue", {
+        configurable: true,
+        get() {
+          if (widget.computedDisabled) return "";
+          if (Number(widget.value) === MODEL_DEFAULT) return defaultWords(node, widget.name);
+          return Number(widget.value).toFixed(widget.options?.precision ?? 2);
+        },
+      });
+    } else {
+      widget.label = `${widget.name} (-1 = model default)`;
+    }
+  }
+}
+
+// ---- the lines under the widgets --------------------------------------------------------------------------------------
+
 // How mode merge's attention weighs the merged keys (tome_core.engine.token_merge.ATTENTION_WORDS); plain: no line.
 const ATTENTION_LINES = {
   balanced: "balanced attention: the merged image keys weigh as the image's tokens against the text",
   proportional: "proportional attention: each merged key weighs as the tokens it holds",
 };
 
-// A DiT (Flux, SD3, Wan, HunyuanVideo) has no UNet levels: the last run's kv window on its image/video tokens,
-// or (mode merge) the share of image tokens carried merged through its blocks. ``notes``: what the run sent
-// (nodes/ui_messages.py); "balanced attention needs a mask; ...: plain" replaces the attention line.
-export function ditLines(lastRun, notes = []) {
-  const weighed = ATTENTION_LINES[lastRun.merge_attention]
-    && !notes.some((line) => line.startsWith(`${lastRun.merge_attention} attention needs a mask;`));
-  const window = lastRun.kv_window ?? [];
+// "merge 0.5 (model default)" / "kv 0.75": the mode and ratio a run used.
+function settingWords(run) {
+  return `${run.mode} ${number(run.ratio)}${run.defaults?.includes("ratio") ? " (model default)" : ""}`;
+}
+
+// One speed-check verdict in words: what was decided and why, e.g. "reduced · not timed: CPU" or
+// "left whole · ToMe measured 0.86x (slower) on cuda:0 (NVIDIA H100)". ``v``: a verdict record (engine Verdict.record).
+export function verdictWords(v) {
+  const where = v.device === "cpu" ? "CPU" : v.device;
+  if (v.speedup == null) return `${v.reduce ? "reduced" : "left whole"} · not timed: ${v.untimed ?? where}`;
+  const alone = v.timed && v.timed !== "the model call" ? " (its self-attention alone)" : "";
+  return v.reduce ? `reduced · ${Number(v.speedup).toFixed(2)}x faster on ${where}${alone}`
+                  : `left whole · ToMe measured ${Number(v.speedup).toFixed(2)}x (slower) on ${where}${alone}`;
+}
+
+// The speed check's part: the verdicts the server sent for this run, or what will decide.
+export function speedCheckLines(node) {
+  const check = widgetValue(node, "speed_check") ?? node.tomeLastRun?.speed_check ?? "auto";
+  if (check === "off") return node.tomeLastRun ? ["speed check off: always reduced"] : [];
+  const verdicts = node.tomeMessage?.verdicts ?? [];
+  if (verdicts.length) {
+    const sizes = new Set(verdicts.map((v) => String(v.pixels)));
+    return verdicts.map((v) => {
+      if (v.call) return `${v.call}: ${verdictWords(v)}`;
+      const at = sizes.size > 1 && v.pixels ? ` at ${v.pixels[0]}x${v.pixels[1]} px` : "";
+      return `level ${v.level}${at}: ${verdictWords(v)}`;
+    });
+  }
+  if (node.tomeLastRun) return [`speed check ${check}: decided at the first step`];
+  return check === "on" ? ["speed check on: timed at the first step (the result is shown here)"]
+                        : ["speed check auto: timed at the first step on a GPU (the result is shown here); the CPU is "
+                           + "not timed"];
+}
+
+// A DiT (Flux, Qwen-Image, Wan, LTX-2, ...) has no UNet levels: the last run's mode, ratio, blocks and notes.
+export function ditLines(run, notes = []) {
+  const weighed = ATTENTION_LINES[run.merge_attention]
+    && !notes.some((line) => line.startsWith(`${run.merge_attention} attention needs a mask;`));
+  const window = run.kv_window ?? [];
   const kept = window.reduce((a, b) => a * b, 1);
-  const merged = Math.round((lastRun.ratio ?? 0) * 100);
-  const lines = lastRun.mode === "merge" ? [
-    `${lastRun.model_type} (${lastRun.family}): mode merge on image tokens`,
-    merged > 0 ? `${merged}% of the image tokens merged into a similar neighbour through each block; text kept`
-               : "ratio 0: nothing reduced",
-    ...(merged > 0 && weighed ? [ATTENTION_LINES[lastRun.merge_attention]] : []),
-  ] : [
-    `${lastRun.model_type} (${lastRun.family}): mode kv on image tokens`,
-    kept > 1 ? `keys/values: 1 of ${kept} per ${window.join("x")} window; every query and text token kept`
-             : "ratio too low for a window: nothing reduced",
-  ];
-  const [reduced, total] = lastRun.blocks ?? [];
-  if (total > 0) lines.push(reduced === total ? `all ${total} blocks` : `blocks reduced: ${reduced} of ${total}`);
-  if (lastRun.quality) lines.push(lastRun.quality);  // the family's default and a higher ratio against tomesd's error
-  return lines;
+  const merged = Math.round((run.ratio ?? 0) * 100);
+  const lines = [`${run.name ?? run.model_type} · ${settingWords(run)}`];
+  if (run.mode === "merge") {
+    lines.push(merged > 0 ? `${merged}% of the image tokens merged through each reduced block; text kept`
+                          : "ratio 0: nothing reduced");
+    if (merged > 0 && weighed) lines.push(ATTENTION_LINES[run.merge_attention]);
+  } else {
+    lines.push(kept > 1 ? `keys/values: 1 of ${kept} per ${window.join("x")} window; every query kept`
+                        : "ratio too low for a window: nothing reduced");
+  }
+  const [reduced, total] = run.blocks ?? [];
+  if (total > 0) lines.push(reduced === total ? `blocks reduced: all ${total}` : `blocks reduced: ${reduced} of ${total}`);
+  if (run.quality) lines.push(run.quality);  // the family's default and a higher ratio against tomesd's error
+  return [...lines, ...notes];
 }
 
 export function infoLines(node, graph) {
@@ -85,39 +183,71 @@ export function infoLines(node, graph) {
     const value = widgetValue(node, name);
     if (value !== undefined) settings[name] = value;
   }
-  const lastRun = node.tomeLastRun;
-  // a DiT: the run's notes (mode merge) or verdicts (WanVideoWrapper) after its plan
-  if (lastRun?.family) return [...ditLines(lastRun, node.tomeLevels), ...(node.tomeLevels ?? [])];
+  const run = node.tomeLastRun;
+  if (run?.family) return [...ditLines(run, node.tomeMessage?.notes ?? []), ...speedCheckLines(node)];
   if (node.tomeNodeId === WANVIDEO_NODE_ID) {  // a WanVideoWrapper model: no UNet levels to draw before the run
-    const ratio = settings.ratio === undefined || settings.ratio < 0 ? "Wan's default" : settings.ratio;
-    return [`WanVideoWrapper: mode ${settings.mode ?? "merge"}, ratio ${ratio}; the plan is shown after the node runs`];
+    const ratio = settings.ratio === undefined || settings.ratio === MODEL_DEFAULT ? "model default" : settings.ratio;
+    return [`WanVideoWrapper · mode ${settings.mode ?? "merge"}, ratio ${ratio}; the plan is shown after the run`];
   }
-  const base = lastRun?.base_downsample ?? 1;
+  const base = run?.base_downsample ?? 1;
   const size = findLatentSize(node, graph);
   const width = size?.width ?? 512;
   const height = size?.height ?? 512;
-  const head = [
-    `${width}x${height}${size ? "" : " (no latent found, assumed)"}`,
-    lastRun ? `${lastRun.model_type}: first attention level ${base}x` : "first attention level 1x (SDXL: 2x)",
-  ];
-  return [head.join(", "), ...describeLevels(width, height, settings, base), ...speedCheckLines(node)];
+  const pixels = `${width}x${height} px${size ? "" : " (assumed: no sampler's latent found)"}`;
+  let head;
+  if (run) {
+    head = [`${run.name ?? run.model_type} · ${settingWords(run)} · ${pixels}`];
+  } else if (settings.ratio === MODEL_DEFAULT) {
+    head = [pixels, "ratio: model default (drawn at 0.5, SD1.5's; a transformer's own is shown after the run)"];
+  } else {
+    head = [pixels, `${settings.mode ?? "merge"} ${number(settings.ratio ?? DEFAULTS.ratio)} (levels as on SD1.5)`];
+  }
+  const drawn = run ? { ...settings, ratio: run.ratio, mode: run.mode } : settings;
+  return [...head, ...describeLevels(width, height, drawn, base), ...speedCheckLines(node)];
 }
 
-// What the speed check decided on this GPU in the last run (the engine's own words), or how it will decide.
-export function speedCheckLines(node) {
-  const check = widgetValue(node, "speed_check") ?? node.tomeLastRun?.speed_check ?? "auto";
-  if (check === "off") return [];
-  const decided = (node.tomeLevels ?? []).filter((line) => line.startsWith("level "));
-  return decided.length ? decided : [`speed check ${check}: levels are timed at the first step (shown here after the run)`];
+// Greedy word wrap of ``lines`` to ``width`` (``measure(text)``: its width in the node's font); a word wider than the
+// whole line is cut where it must be.
+export function wrapLines(lines, width, measure) {
+  const out = [];
+  for (const line of lines) {
+    let current = "";
+    for (const word of String(line).split(" ")) {
+      const candidate = current ? `${current} ${word}` : word;
+      if (measure(candidate) <= width) {
+        current = candidate;
+        continue;
+      }
+      if (current) out.push(current);
+      current = word;
+      while (measure(current) > width && current.length > 1) {
+        let cut = current.length - 1;
+        while (cut > 1 && measure(current.slice(0, cut)) > width) cut--;
+        out.push(current.slice(0, cut));
+        current = current.slice(cut);
+      }
+    }
+    out.push(current);
+  }
+  return out;
 }
 
-// Put the server's verdict lines on the node they name.
+// The lines as drawn on ``node`` with ``ctx`` (its font set): wrapped to the node's width.
+export function drawnLines(node, ctx, graph) {
+  return wrapLines(infoLines(node, graph), node.size[0] - 2 * PADDING, (text) => ctx.measureText(text).width);
+}
+
+// Put the server's verdicts and notes on the node they name.
 export function onLevels(event) {
   const detail = event?.detail;
   // The server sends the id as a string; litegraph keys nodes by number (ids inside subgraphs stay strings).
   const node = app.graph?.getNodeById?.(detail?.node) ?? app.graph?.getNodeById?.(Number(detail?.node));
   if (!node || !Array.isArray(detail.lines)) return;
-  node.tomeLevels = detail.lines.map(String);
+  node.tomeMessage = {
+    lines: detail.lines.map(String),
+    notes: Array.isArray(detail.notes) ? detail.notes.map(String) : [],
+    verdicts: Array.isArray(detail.verdicts) ? detail.verdicts : [],
+  };
   node.setDirtyCanvas?.(true, false);
 }
 
@@ -129,23 +259,21 @@ export const extension = {
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!NODE_IDS.includes(nodeData?.name)) return;
     nodeType.prototype.tomeNodeId = nodeData.name;
+    const onNodeCreated = nodeType.prototype.onNodeCreated;
+    nodeType.prototype.onNodeCreated = function () {
+      const result = onNodeCreated?.apply(this, arguments);
+      offerModelDefault(this);
+      return result;
+    };
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
       const info = message?.tome?.[0];
       if (info && typeof info === "object") {
-        this.tomeLastRun = { base_downsample: Number(info.base_downsample) || 1, model_type: String(info.model_type),
-                             speed_check: String(info.speed_check ?? "off") };
-        this.tomeLevels = undefined;  // a new patch: its levels are decided again
-        if (info.family) {
-          this.tomeLastRun.family = String(info.family);
-          this.tomeLastRun.kv_window = Array.isArray(info.kv_window) ? info.kv_window.map(Number) : [];
-          this.tomeLastRun.mode = String(info.mode ?? "kv");
-          this.tomeLastRun.ratio = Number(info.ratio) || 0;
-          if (info.merge_attention) this.tomeLastRun.merge_attention = String(info.merge_attention);
-          if (Array.isArray(info.blocks)) this.tomeLastRun.blocks = info.blocks.map(Number);
-          if (info.quality) this.tomeLastRun.quality = String(info.quality);
-        }
+        this.tomeLastRun = { ...info, base_downsample: Number(info.base_downsample) || 1,
+                             ratio: Number(info.ratio) || 0, mode: String(info.mode ?? "merge"),
+                             defaults: Array.isArray(info.defaults) ? info.defaults.map(String) : [] };
+        this.tomeMessage = undefined;  // a new patch: its verdicts are decided again
       }
       this.setDirtyCanvas?.(true, false);
     };
@@ -153,15 +281,16 @@ export const extension = {
     nodeType.prototype.onDrawForeground = function (ctx) {
       onDrawForeground?.apply(this, arguments);
       if (this.flags?.collapsed) return;
-      const lines = infoLines(this, this.graph ?? app.graph);
+      offerModelDefault(this);  // a node built before the extension registered (e.g. restored with the page)
+      ctx.save();
+      ctx.font = FONT;
+      const lines = drawnLines(this, ctx, this.graph ?? app.graph);
       const top = (this.computeSize?.()[1] ?? this.size[1]) - 4;
       const needed = top + lines.length * LINE_HEIGHT + 6;
-      if (this.size[1] < needed) this.size[1] = needed;
-      ctx.save();
-      ctx.font = "11px sans-serif";
+      if (Math.abs(this.size[1] - needed) > 0.5) this.size[1] = needed;  // fits the lines: no gap, no overflow
       ctx.fillStyle = "#9ab";
       ctx.textAlign = "left";
-      lines.forEach((line, i) => ctx.fillText(line, 10, top + (i + 1) * LINE_HEIGHT));
+      lines.forEach((line, i) => ctx.fillText(line, PADDING, top + (i + 1) * LINE_HEIGHT));
       ctx.restore();
     };
   },

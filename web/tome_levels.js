@@ -27,7 +27,8 @@ export function kvPoolWindow(ratio, sx, sy) {
 
 // One row per attention level, from the model's first attention level (baseDownsample) to 8x.
 // width/height: image size in pixels (latent = /8); settings: the node's widget values.
-// A ratio of -1 is the widget's "the model's default": tomesd's 0.5 on a UNet (nodes/tome_nodes.py MODEL_DEFAULT).
+// A ratio (or block_start) of -1 is the widget's "model default" (nodes/tome_nodes.py MODEL_DEFAULT): tomesd's 0.5
+// on a UNet, which is what a UNet's levels are drawn at before a run tells the model.
 export const MODEL_DEFAULT = -1;
 export function tokenLevels(width, height, settings, baseDownsample = 1) {
   const s = { ...DEFAULTS, ...settings };
@@ -55,20 +56,26 @@ export function tokenLevels(width, height, settings, baseDownsample = 1) {
   return rows;
 }
 
-// Short lines for the node's face: one per level, e.g. "1x 64x64: 4096 -> 2048 tokens (-50%)".
+// A level is named by its depth as max_downsample counts it: 1 = the model's first attention level, then 2, 4, 8
+// (the engine's verdicts name levels the same way).
+export function levelNumber(downsample, baseDownsample = 1) {
+  return downsample / baseDownsample;
+}
+
+// Short lines for the node's face: one per level, e.g. "level 1 · 64x64 tokens: 4096 → 2048 (-50%)".
 export function describeLevels(width, height, settings, baseDownsample = 1) {
   const s = { ...DEFAULTS, ...settings };
   const lines = [];
   for (const row of tokenLevels(width, height, s, baseDownsample)) {
-    const grid = `${row.downsample}x ${row.w}x${row.h}`;
+    const name = `level ${levelNumber(row.downsample, baseDownsample)} · ${row.w}x${row.h} tokens`;
     if (!row.active) {
-      lines.push(`${grid}: ${row.tokens} tokens, unchanged`);
+      lines.push(`${name}: ${row.tokens}, unchanged`);
     } else if (s.mode === "kv") {
       const cut = Math.round(100 * (1 - row.keys / row.tokens));
-      lines.push(`${grid}: ${row.tokens} queries, keys/values ${row.tokens} -> ${row.keys} (-${cut}%)`);
+      lines.push(`${name}: keys/values ${row.tokens} → ${row.keys} (-${cut}%), every query kept`);
     } else {
       const cut = Math.round(100 * (1 - row.kept / row.tokens));
-      lines.push(`${grid}: ${row.tokens} -> ${row.kept} tokens (-${cut}%)`);
+      lines.push(`${name}: ${row.tokens} → ${row.kept} (-${cut}%)`);
     }
   }
   if (s.start_percent > 0 || s.end_percent < 1) {

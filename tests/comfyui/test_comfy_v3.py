@@ -55,7 +55,7 @@ def test_object_info_serves_the_registration_of_this_host(comfy):
     else:
         assert mode[0] == ["merge", "kv"] and kv[0] == ["nearest", "avg"]
     assert mode[1]["default"] == "merge" and kv[1]["default"] == "nearest"
-    for info, name in ((basic, "ToMe (token merging)"), (adv, "ToMe (advanced)")):
+    for info, name in ((basic, "ToMe"), (adv, "ToMe (advanced)")):
         assert info["display_name"] == name and info["category"] == "model_patches/unet"
         assert info["output"] == ["MODEL"]
         if host_has_v3():  # the 2024 /object_info has neither field

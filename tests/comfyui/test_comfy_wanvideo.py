@@ -280,7 +280,7 @@ def test_whole_transformer_compile_and_other_models_are_refused(comfy):
     other = make(comfy)
     other.model.diffusion_model = torch.nn.Linear(2, 2)
     with pytest.raises(TypeError, match="expected a ComfyUI-WanVideoWrapper model .*got torch.nn.modules.linear.Linear"
-                                        ".*ToMe \\(token merging\\) node"):
+                                        ".*ToMe node \\(TomeCoreToMe\\)"):
         tome(other)
 
 

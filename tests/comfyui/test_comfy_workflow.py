@@ -29,7 +29,7 @@ def tome_run(comfy, checkpoint):
 
 def test_nodes_are_registered_beside_core_tome(comfy):
     basic, advanced_node = comfy.object_info("TomeCoreToMe"), comfy.object_info("TomeCoreToMeAdvanced")
-    assert basic["display_name"] == "ToMe (token merging)"
+    assert basic["display_name"] == "ToMe"
     assert advanced_node["display_name"] == "ToMe (advanced)"
     core = comfy.object_info("TomePatchModel")  # core's own node is still there, unchanged
     assert core["display_name"] != basic["display_name"] and "ratio" in core["input"]["required"]

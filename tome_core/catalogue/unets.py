@@ -18,6 +18,19 @@ import torch
 from ..engine.levels import Level
 
 TRANSFORMER_BLOCK = "BasicTransformerBlock"
+# The names users know for a UNet, by the prefix of the host's model-config class (ComfyUI's supported_models: SD15,
+# SD20, SD21UnclipL, SDXLRefiner, SDXL, SSD1B, Segmind_Vega, KOALA_700M, ...); longest prefix first.
+UNET_TITLES = (("SDXLRefiner", "SDXL Refiner"), ("SDXL", "SDXL"), ("SSD1B", "SSD-1B"), ("Segmind_Vega", "Segmind Vega"),
+               ("KOALA", "KOALA"), ("SD15", "SD1.5"), ("SD20", "SD2.x"), ("SD21", "SD2.x"))
+
+
+def unet_title(config_name: str, base_downsample: int) -> str:
+    """The UNet's name as users know it (SD1.5, SDXL, ...) from its model-config class name; an unknown config by its
+    first attention level (1x: an SD1.x/SD2.x-class UNet, 2x: SDXL-class)."""
+    for prefix, title in UNET_TITLES:
+        if config_name.startswith(prefix):
+            return title
+    return "SDXL-class UNet" if base_downsample == 2 else "SD1.x/SD2.x-class UNet"
 
 
 def is_transformer_block(module: torch.nn.Module) -> bool:

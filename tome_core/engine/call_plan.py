@@ -169,6 +169,8 @@ class CallPlanner:
         self.forcing: Optional[bool] = None  # a speed-check repeat of the call is running: reduced (True) or whole
         self._decided: Dict[Tuple, Tuple[int, bool]] = {}  # (what, dtype, device) -> (verdicts' generation, reduce)
         self.notes: List[str] = []  # what describe() adds to the settings ("... ignores masks: plain")
+        # called with the notes and verdict lines when either changes (a host shows them where users look)
+        self.listeners: List[Callable[[List[str]], None]] = []
         # mode merge in one process: merge as this many context-parallel processes would, each its own band of rows
         # (what a split call equals; 1: the whole grid)
         self.bands = 1
@@ -221,7 +223,10 @@ class CallPlanner:
             self.forcing = previous
 
     def verdict_changed(self) -> None:
-        """Called when the speed check decided a new call shape (a host shows ``describe_verdicts`` there)."""
+        """Called when the speed check decided a new call shape: each of ``listeners`` (the ComfyUI node's sender)
+        is called with the notes and ``describe_verdicts``."""
+        for listener in self.listeners:
+            listener(self.notes + self.describe_verdicts())
 
     def plan(self, reading: Optional[CallReading], repeat: Optional[Callable[[], object]]) -> Any:
         """The plan of one model call, or None to run it whole: nothing to reduce (``reading`` None), the whole side
@@ -281,6 +286,10 @@ class CallPlanner:
     def describe_verdicts(self) -> list:
         """One line per call shape the speed check decided."""
         return [f"{label}: {found.text(self.config.mode)}" for label, found in self.verdicts.items()]
+
+    def verdict_records(self) -> list:
+        """``describe_verdicts`` as plain values: per decided call shape its words and the verdict's ``record``."""
+        return [dict(found.record(), call=label) for label, found in self.verdicts.items()]
 
     def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

@@ -208,6 +208,13 @@ class TokenMerger:
                          f"{8 * width}x{8 * height} px: {found.text(self.config.mode)}")
         return lines
 
+    def verdict_records(self) -> list:
+        """``describe_levels`` as plain values: per decided level its number (1 = the first attention level, as
+        ``max_downsample`` counts), token grid, blocks, image size in pixels and the verdict's ``record``."""
+        return [dict(found.record(), level=downsample // self.base_downsample, tokens=[h, w],
+                     blocks=self.levels[downsample].blocks, pixels=[8 * width, 8 * height])
+                for ((height, width), downsample), ((h, w), found) in self.verdicts.items()]
+
     def table(self, grid: Tuple[int, int], step_key: Any, device: torch.device) -> Any:
         """The per-step choice of one level: its partition (merge), kept indices (kv nearest) or None (kv avg)."""
         h, w = grid

@@ -63,6 +63,12 @@ class Verdict:
     device: str
     timed: str = "the model call"  # what was timed: the real model call, or the level's self-attention alone
 
+    def record(self) -> dict:
+        """The verdict as plain values, for a UI that words it itself (the ComfyUI node's lines)."""
+        device, _, untimed = self.device.partition(": ")
+        return {"reduce": self.reduce, "speedup": self.speedup, "device": device, "untimed": untimed or None,
+                "timed": self.timed}
+
     def text(self, mode: str) -> str:
         verb = "merging" if mode == "merge" else "kv"
         if self.speedup is None:

@@ -38,7 +38,7 @@ function makeGraph() {
 }
 
 test("web files make no network calls and build no HTML", () => {
-  for (const name of readdirSync(WEB)) {
+  for (const name of readdirSync(WEB).filter((entry) => entry.endsWith(".js"))) {
     const source = readFileSync(join(WEB, name), "utf8");
     for (const banned of ["fetch(", "XMLHttpRequest", "WebSocket", "innerHTML", "outerHTML", "insertAdjacentHTML",
       "document.write", "api.fetchApi"]) {
@@ -47,7 +47,12 @@ test("web files make no network calls and build no HTML", () => {
   }
 });
 
-test("the extension registers and draws per-level token counts", async () => {
+// A recording canvas context: each fillText, and a measureText of 6 px per character (wrapping is tested on it).
+function recordingContext(drawn) {
+  return { save() {}, restore() {}, fillText: (text) => drawn.push(text), measureText: (text) => ({ width: 6 * text.length }) };
+}
+
+test("the extension registers and draws per-level token counts, wrapped to the node", async () => {
   const { module, app } = await loadExtension();
   assert.equal(app.extensions.length, 1);
   const extension = app.extensions[0];
@@ -64,63 +69,111 @@ test("the extension registers and draws per-level token counts", async () => {
     widgets: [{ name: "ratio", value: 0.5 }, { name: "max_downsample", value: 1 }],
     outputs: [{ name: "MODEL", type: "MODEL", links: [10] }],
   }));
+  const logical = module.infoLines(node, graph);
+  assert.deepEqual(logical.slice(0, 3), ["1024x768 px", "merge 0.5 (levels as on SD1.5)",
+                                         "level 1 · 128x96 tokens: 12288 → 6144 (-50%)"]);
+  assert.equal(logical[3], "level 2 · 64x48 tokens: 3072, unchanged");
   const drawn = [];
-  const ctx = { save() {}, restore() {}, fillText: (text) => drawn.push(text) };
-  node.onDrawForeground(ctx);
-  assert.match(drawn[0], /^1024x768, first attention level 1x/);
-  assert.equal(drawn[1], "1x 128x96: 12288 -> 6144 tokens (-50%)");
-  assert.equal(drawn[2], "2x 64x48: 3072 tokens, unchanged");
-  assert.ok(node.size[1] >= 80 + drawn.length * 14, "the node grows to fit the text");
+  node.onDrawForeground(recordingContext(drawn));
+  assert.ok(drawn.every((line) => 6 * line.length <= 300 - 2 * module.PADDING), "every line fits the node");
+  assert.equal(drawn.join(" "), logical.join(" "), "wrapped, not cut");
+  assert.ok(drawn.length > logical.length, "the long lines were wrapped");
+  assert.equal(node.size[1], 80 - 4 + drawn.length * module.LINE_HEIGHT + 6, "the node fits its lines exactly");
 
-  node.onExecuted({ tome: [{ base_downsample: 2, model_type: "SDXL" }] });
-  drawn.length = 0;
-  node.onDrawForeground(ctx);
-  assert.match(drawn[0], /SDXL: first attention level 2x/);
-  assert.equal(drawn[1], "2x 64x48: 3072 -> 1536 tokens (-50%)");
+  node.onExecuted({ tome: [{ base_downsample: 2, model_type: "SDXL", name: "SDXL", mode: "merge", ratio: 0.5,
+                             defaults: ["ratio"], default_ratio: 0.5 }] });
+  const after = module.infoLines(node, graph);
+  assert.equal(after[0], "SDXL · merge 0.5 (model default) · 1024x768 px");
+  assert.equal(after[1], "level 1 · 64x48 tokens: 3072 → 1536 (-50%)", "SDXL's first attention level is 2x");
 });
 
-test("without a sampler downstream a 512x512 latent is assumed", async () => {
+test("-1 is the model's default: shown in words, and one step leaves it for a valid value", async () => {
+  const { module } = await loadExtension();
+  class NodeType {}
+  await module.extension.beforeRegisterNodeDef(NodeType, { name: "TomeCoreToMeAdvanced" });
+  const calls = [];
+  // the shape of ComfyUI's number widget (frontend 1.x NumberWidget): _displayValue on its prototype
+  class NumberWidget {
+    constructor(name, value) { Object.assign(this, { name, value, options: { precision: 2 } }); }
+    get _displayValue() { return Number(this.value).toFixed(2); }
+  }
+  const ratio = Object.assign(new NumberWidget("ratio", -1), { callback(v) { calls.push(["ratio", v, this.value]); } });
+  const start = new NumberWidget("block_start", -1);
+  const mode = { name: "mode", value: "merge" };
+  const node = Object.assign(new NodeType(), { id: 3, widgets: [ratio, mode, start], outputs: [] });
+  node.onNodeCreated();
+  assert.equal(ratio._displayValue, "model default");
+  assert.equal(start._displayValue, "model default");
+  // an arrow click from -1: the frontend sets -0.99 then calls the callback
+  ratio.value = -0.99;
+  ratio.callback(-0.99);
+  assert.equal(ratio.value, 0.5, "tomesd's 0.5 before a run tells the model's own");
+  assert.deepEqual(calls.at(-1), ["ratio", 0.5, 0.5], "the frontend's own callback sees the snapped value");
+  assert.equal(ratio._displayValue, "0.50");
+  ratio.value = -0.01;  // one step down from 0
+  ratio.callback(-0.01);
+  assert.equal(ratio.value, -1);
+  start.value = -0.99;
+  start.callback(-0.99);
+  assert.equal(start.value, 0, "block_start leaves its default for the first block");
+  // after a run at the model's default, the widget says which default, and a step starts from it
+  node.onExecuted({ tome: [{ model_type: "Flux", name: "Flux", family: "flux", mode: "merge", ratio: 0.2,
+                             defaults: ["ratio", "block_start"], default_ratio: 0.2, blocks: [38, 57] }] });
+  ratio.value = -1;
+  assert.equal(ratio._displayValue, "merge 0.2 (Flux default)");
+  mode.value = "kv";
+  assert.equal(ratio._displayValue, "model default", "another mode: its default is not the run's");
+  ratio.value = -0.99;
+  ratio.callback(-0.99);
+  assert.equal(ratio.value, 0.2);
+  assert.equal(module.snapDefault(0.3, 0.5), 0.3);
+  assert.equal(module.snapDefault(-1, 0.5), -1);
+});
+
+test("a frontend without _displayValue (the 2024 one) labels the widget", async () => {
+  const { module } = await loadExtension();
+  const widget = { name: "ratio", value: -1 };
+  module.offerModelDefault({ widgets: [widget] });
+  assert.equal(widget.label, "ratio (-1 = model default)");
+});
+
+test("wrapLines keeps words whole and cuts only a word wider than the line", async () => {
+  const { module } = await loadExtension();
+  const measure = (text) => text.length;
+  assert.deepEqual(module.wrapLines(["aaa bbb ccc", "dd"], 7, measure), ["aaa bbb", "ccc", "dd"]);
+  assert.deepEqual(module.wrapLines(["abcdefghij"], 4, measure), ["abcd", "efgh", "ij"]);
+});
+
+test("without a sampler downstream a 512x512 latent is assumed, and the default ratio is said", async () => {
   const { module } = await loadExtension();
   const node = { id: 7, widgets: [{ name: "mode", value: "kv" }, { name: "ratio", value: 0.75 }], outputs: [] };
   const lines = module.infoLines(node, { links: {}, getNodeById: () => undefined });
-  assert.match(lines[0], /512x512 \(no latent found, assumed\)/);
-  assert.equal(lines[1], "1x 64x64: 4096 queries, keys/values 4096 -> 1024 (-75%)");
+  assert.equal(lines[0], "512x512 px (assumed: no sampler's latent found)");
+  assert.equal(lines[2], "level 1 · 64x64 tokens: keys/values 4096 → 1024 (-75%), every query kept");
+  node.widgets[1].value = -1;
+  assert.match(module.infoLines(node, { links: {}, getNodeById: () => undefined })[1], /^ratio: model default/);
 });
 
-test("after a DiT run the node shows the kv window instead of UNet levels", async () => {
+test("after a DiT run the node shows the model, setting, window and blocks", async () => {
   const { module } = await loadExtension();
   class NodeType {}
   await module.extension.beforeRegisterNodeDef(NodeType, { name: "TomeCoreToMe" });
   const node = Object.assign(new NodeType(), { id: 5, widgets: [{ name: "ratio", value: 0.75 }], outputs: [] });
-  node.onExecuted({ tome: [{ base_downsample: 1, model_type: "Flux", family: "flux", kv_window: [2, 2] }] });
-  const lines = module.infoLines(node, { links: {}, getNodeById: () => undefined });
-  assert.deepEqual(lines, ["Flux (flux): mode kv on image tokens",
-    "keys/values: 1 of 4 per 2x2 window; every query and text token kept"]);
-  node.onExecuted({ tome: [{ base_downsample: 1, model_type: "WAN21", family: "wan", kv_window: [1, 1] }] });
-  assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[1],
-    "ratio too low for a window: nothing reduced");
-  node.onExecuted({ tome: [{ model_type: "Flux", family: "flux", kv_window: [1, 2], blocks: [19, 57] }] });
-  assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[2], "blocks reduced: 19 of 57");
-  node.onExecuted({ tome: [{ model_type: "Flux", family: "flux", kv_window: [1, 2], blocks: [57, 57] }] });
-  assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[2], "all 57 blocks");
-});
-
-test("after a DiT run in mode merge the node shows the merged share of image tokens", async () => {
-  const { module } = await loadExtension();
-  class NodeType {}
-  await module.extension.beforeRegisterNodeDef(NodeType, { name: "TomeCoreToMe" });
-  const node = Object.assign(new NodeType(), { id: 6, widgets: [{ name: "ratio", value: 0.5 }], outputs: [] });
-  node.onExecuted({ tome: [{ model_type: "QwenImage", family: "qwen_image", mode: "merge", ratio: 0.5, kv_window: [],
-                             blocks: [60, 60], merge_attention: "plain" }] });
-  assert.deepEqual(module.infoLines(node, { links: {}, getNodeById: () => undefined }), [
-    "QwenImage (qwen_image): mode merge on image tokens",
-    "50% of the image tokens merged into a similar neighbour through each block; text kept", "all 60 blocks"]);
-  node.onExecuted({ tome: [{ model_type: "QwenImage", family: "qwen_image", mode: "merge", ratio: 0.5, kv_window: [],
-                             blocks: [60, 60], merge_attention: "balanced" }] });
-  assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[2],
-               "balanced attention: the merged image keys weigh as the image's tokens against the text");
-  node.onExecuted({ tome: [{ model_type: "QwenImage", family: "qwen_image", mode: "merge", ratio: 0, kv_window: [] }] });
-  assert.equal(module.infoLines(node, { links: {}, getNodeById: () => undefined })[1], "ratio 0: nothing reduced");
+  const empty = { links: {}, getNodeById: () => undefined };
+  node.onExecuted({ tome: [{ model_type: "Flux", name: "Flux", family: "flux", mode: "kv", ratio: 0.75,
+                             kv_window: [2, 2], speed_check: "auto" }] });
+  assert.deepEqual(module.infoLines(node, empty), ["Flux · kv 0.75",
+    "keys/values: 1 of 4 per 2x2 window; every query kept", "speed check auto: decided at the first step"]);
+  node.onExecuted({ tome: [{ model_type: "WAN21", name: "Wan 2.x", family: "wan", mode: "kv", ratio: 0.1,
+                             kv_window: [1, 1] }] });
+  assert.equal(module.infoLines(node, empty)[1], "ratio too low for a window: nothing reduced");
+  node.onExecuted({ tome: [{ model_type: "Flux", name: "Flux", family: "flux", mode: "kv", ratio: 0.5,
+                             kv_window: [1, 2], blocks: [19, 57] }] });
+  assert.equal(module.infoLines(node, empty)[2], "blocks reduced: 19 of 57");
+  node.onExecuted({ tome: [{ model_type: "Flux", name: "Flux", family: "flux", mode: "merge", ratio: 0.2,
+                             defaults: ["ratio"], blocks: [57, 57] }] });
+  assert.deepEqual(module.infoLines(node, empty).slice(0, 3), ["Flux · merge 0.2 (model default)",
+    "20% of the image tokens merged through each reduced block; text kept", "blocks reduced: all 57"]);
 });
 
 test("a run that finds the attention ignores masks replaces the balanced line with what it found", async () => {
@@ -129,18 +182,20 @@ test("a run that finds the attention ignores masks replaces the balanced line wi
   await module.extension.beforeRegisterNodeDef(NodeType, { name: "TomeCoreToMe" });
   const node = Object.assign(new NodeType(), { id: 4, widgets: [{ name: "ratio", value: 0.5 }], outputs: [] });
   app.graph = { links: {}, getNodeById: (id) => (id === 4 ? node : undefined) };
-  node.onExecuted({ tome: [{ model_type: "QwenImage", family: "qwen_image", mode: "merge", ratio: 0.5, kv_window: [],
-                             blocks: [60, 60], merge_attention: "balanced" }] });
+  node.onExecuted({ tome: [{ model_type: "QwenImage", name: "Qwen-Image", family: "qwen_image", mode: "merge",
+                             ratio: 0.5, kv_window: [], blocks: [60, 60], merge_attention: "balanced",
+                             speed_check: "off" }] });
   assert.ok(module.infoLines(node, app.graph).some((line) => line.startsWith("balanced attention: ")));
-  // what nodes/ui_messages.py announce_notes sends when the first model call's probe finds the mask ignored
+  // what nodes/ui_messages.py sends when the first model call's probe finds the mask ignored
   const note = "balanced attention needs a mask; ComfyUI-KJNodes' PathchSageAttentionKJ.patch.attention_override_sage "
     + "ignores masks: plain";
-  module.onLevels({ detail: { node: "4", lines: [note] } });
-  assert.deepEqual(module.infoLines(node, app.graph), ["QwenImage (qwen_image): mode merge on image tokens",
-    "50% of the image tokens merged into a similar neighbour through each block; text kept", "all 60 blocks", note]);
+  module.onLevels({ detail: { node: "4", lines: [note], notes: [note], verdicts: [] } });
+  assert.deepEqual(module.infoLines(node, app.graph), ["Qwen-Image · merge 0.5",
+    "50% of the image tokens merged through each reduced block; text kept", "blocks reduced: all 60", note,
+    "speed check off: always reduced"]);
 });
 
-test("the speed check's verdicts sent during sampling are drawn on the node they name", async () => {
+test("the speed check's verdicts sent during sampling are drawn on the node they name, in words", async () => {
   const { module, app, api } = await loadExtension();
   class NodeType {}
   await module.extension.beforeRegisterNodeDef(NodeType, { name: "TomeCoreToMeAdvanced" });
@@ -152,20 +207,30 @@ test("the speed check's verdicts sent during sampling are drawn on the node they
     widgets: [{ name: "ratio", value: 0.5 }, { name: "speed_check", value: "auto" }],
     outputs: [{ name: "MODEL", type: "MODEL", links: [10] }],
   }));
-  node.onExecuted({ tome: [{ base_downsample: 1, model_type: "BaseModel", speed_check: "auto" }] });
-  let lines = module.infoLines(node, graph);
-  assert.equal(lines.at(-1), "speed check auto: levels are timed at the first step (shown here after the run)");
-  const verdict = "level 1 (96x128 tokens, 5 blocks) at 1024x768 px: left whole: merging measured 0.86x on cuda:0 (NVIDIA H200)";
-  api.dispatchEvent(new CustomEvent(module.LEVELS_EVENT, { detail: { node: "1", lines: ["ToMe merge r=0.5 ...", verdict] } }));
-  assert.deepEqual(node.tomeLevels, ["ToMe merge r=0.5 ...", verdict]);
-  lines = module.infoLines(node, graph);
-  assert.equal(lines.at(-1), verdict);
+  assert.match(module.infoLines(node, graph).at(-1), /^speed check auto: timed at the first step on a GPU/);
+  node.onExecuted({ tome: [{ base_downsample: 1, model_type: "BaseModel", name: "SD1.5", mode: "merge", ratio: 0.5,
+                             speed_check: "auto" }] });
+  assert.equal(module.infoLines(node, graph).at(-1), "speed check auto: decided at the first step");
+  // nodes/ui_messages.py message(): the engine's lines, notes and verdict records (Verdict.record)
+  const slower = { level: 1, tokens: [96, 128], blocks: 5, pixels: [1024, 768], reduce: false, speedup: 0.86,
+                   device: "cuda:0 (NVIDIA H200)", untimed: null, timed: "the model call" };
+  const cpu = { level: 2, tokens: [48, 64], blocks: 4, pixels: [1024, 768], reduce: true, speedup: null,
+                device: "cpu", untimed: null, timed: "the model call" };
+  api.dispatchEvent(new CustomEvent(module.LEVELS_EVENT, { detail: { node: "1", lines: ["ToMe merge r=0.5 ..."],
+                                                                     notes: [], verdicts: [slower, cpu] } }));
+  assert.deepEqual(module.infoLines(node, graph).slice(-2), [
+    "level 1: left whole · ToMe measured 0.86x (slower) on cuda:0 (NVIDIA H200)", "level 2: reduced · not timed: CPU"]);
   api.dispatchEvent(new CustomEvent(module.LEVELS_EVENT, { detail: { node: "99", lines: ["elsewhere"] } }));
-  assert.equal(module.infoLines(node, graph).at(-1), verdict, "another node's verdicts are not drawn here");
-  node.onExecuted({ tome: [{ base_downsample: 1, model_type: "BaseModel", speed_check: "auto" }] });
-  assert.match(module.infoLines(node, graph).at(-1), /^speed check auto/, "a new run decides again");
+  assert.equal(module.infoLines(node, graph).at(-1), "level 2: reduced · not timed: CPU", "not another node's");
+  assert.equal(module.verdictWords({ reduce: true, speedup: 1.4, device: "cpu", timed: "its self-attention alone" }),
+               "reduced · 1.40x faster on CPU (its self-attention alone)");
+  assert.equal(module.verdictWords({ reduce: true, speedup: null, device: "cuda:0",
+                                     untimed: "cannot repeat the call beside another hook on the model" }),
+               "reduced · not timed: cannot repeat the call beside another hook on the model");
+  node.onExecuted({ tome: [{ base_downsample: 1, model_type: "BaseModel", name: "SD1.5", speed_check: "auto" }] });
+  assert.match(module.infoLines(node, graph).at(-1), /^speed check auto: decided/, "a new run decides again");
   node.widgets[1].value = "off";
-  assert.ok(!module.infoLines(node, graph).some((line) => line.includes("speed check")));
+  assert.equal(module.infoLines(node, graph).at(-1), "speed check off: always reduced");
 });
 
 test("the WanVideoWrapper node draws its mode before a run and the plan after it", async () => {
@@ -176,18 +241,18 @@ test("the WanVideoWrapper node draws its mode before a run and the plan after it
     widgets: [{ name: "ratio", value: 0.5 }, { name: "mode", value: "kv" }] });
   const empty = { links: {}, getNodeById: () => undefined };
   assert.deepEqual(module.infoLines(node, empty),
-    ["WanVideoWrapper: mode kv, ratio 0.5; the plan is shown after the node runs"]);
-  node.widgets[0].value = -1;  // the widget's "the model's default"
+    ["WanVideoWrapper · mode kv, ratio 0.5; the plan is shown after the run"]);
+  node.widgets[0].value = -1;
   assert.deepEqual(module.infoLines(node, empty),
-    ["WanVideoWrapper: mode kv, ratio Wan's default; the plan is shown after the node runs"]);
-  node.widgets[0].value = 0.5;
-  node.onExecuted({ tome: [{ model_type: "ComfyUI-WanVideoWrapper WanModel", family: "wan", mode: "kv", ratio: 0.5,
-                             kv_window: [1, 1, 2], blocks: [30, 30] }] });
-  assert.deepEqual(module.infoLines(node, empty), ["ComfyUI-WanVideoWrapper WanModel (wan): mode kv on image tokens",
-    "keys/values: 1 of 2 per 1x1x2 window; every query and text token kept", "all 30 blocks"]);
-  const verdict = "21x30x52 video tokens, batch 1: reduced: the model call with kv measured 1.17x on cuda:0 (NVIDIA H200)";
-  node.tomeLevels = [verdict];  // what onLevels puts there when the server sends the verdict (tome.levels)
-  assert.equal(module.infoLines(node, empty).at(-1), verdict);
+    ["WanVideoWrapper · mode kv, ratio model default; the plan is shown after the run"]);
+  node.onExecuted({ tome: [{ model_type: "ComfyUI-WanVideoWrapper WanModel", name: "Wan 2.x", family: "wan",
+                             mode: "kv", ratio: 0.5, kv_window: [1, 1, 2], blocks: [30, 30], speed_check: "auto" }] });
+  assert.deepEqual(module.infoLines(node, empty).slice(0, 3), ["Wan 2.x · kv 0.5",
+    "keys/values: 1 of 2 per 1x1x2 window; every query kept", "blocks reduced: all 30"]);
+  node.tomeMessage = { notes: [], verdicts: [{ call: "21x30x52 video tokens, batch 1", reduce: true, speedup: 1.17,
+                                               device: "cuda:0 (NVIDIA H200)", timed: "the model call" }] };
+  assert.equal(module.infoLines(node, empty).at(-1),
+               "21x30x52 video tokens, batch 1: reduced · 1.17x faster on cuda:0 (NVIDIA H200)");
 });
 
 test("a transformer's run draws its family's quality line; ratio -1 draws a UNet's levels at tomesd's 0.5", async () => {

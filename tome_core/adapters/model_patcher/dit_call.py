@@ -20,7 +20,7 @@ from ...catalogue.comfy_lookup import ComfyModel
 from ...engine.call_plan import CallPlanner, CallReading
 from ...engine.grid import TokenLayout
 from ...engine.schedule import SigmaWindow, sigma_value, step_signal
-from .compiled import CompileKey, compiled_call
+from .compiled import APPLY_MODEL, CompileKey, compiled_call
 from .layout import refuse_unplaceable, token_layout
 from .reach import unreached_error
 
@@ -126,3 +126,17 @@ class DiTCallPatch(CallPlanner):
                 raise unreached_error(base.diffusion_model, self.MODE, self.PATCHED)
             self.reach_checked = True
         return out
+
+
+def call_patch_of(patcher: Any) -> Optional[DiTCallPatch]:
+    """The DiT patch (mode kv or merge) of the ToMe patch on ``patcher``: its APPLY_MODEL wrapper's, or in Forge Neo
+    its model_function_wrapper's; else None."""
+    state = getattr((getattr(patcher, "model_options", None) or {}).get("model_function_wrapper"), "tome_state", None)
+    if isinstance(state, DiTCallPatch):
+        return state
+    for wrappers in (getattr(patcher, "wrappers", None) or {}).get(APPLY_MODEL, {}).values():
+        for wrapper in wrappers:
+            state = getattr(wrapper, "__self__", None)
+            if isinstance(state, DiTCallPatch):
+                return state
+    return None

@@ -26,9 +26,8 @@ from ...engine.schedule import SigmaWindow
 from ...catalogue.families import family_of_binding
 from ...engine.call_plan import CallReading, MergeCall
 from ...engine.token_merge import TokenMerge, biased_mask, key_bias
-from .dit_call import OVERRIDE, DiTCallPatch
+from .dit_call import OVERRIDE, DiTCallPatch, call_patch_of
 from .mask_probe import compute_dtype, head_width, mask_dropped
-from .compiled import APPLY_MODEL
 
 CALL_KEY = "tome_merge_call"  # transformer_options key of the running model call's MergeCall
 WEIGH_KEY = "tome_weighed_keys"  # a merged block's transformer_options: (stream, merge, text, previous override)
@@ -54,7 +53,6 @@ class DiTMergePatch(DiTCallPatch):
         self.attention = owner.attention_for(config)  # how merged keys are weighed
         # (another node's attention override or None, device) -> whether the attention there takes the mask, probed once
         self.takes_mask: Dict[Tuple[Any, torch.device], bool] = {}
-        self.listeners: List[Callable[[List[str]], None]] = []  # called with the notes when one is added (the node)
         self.last_call: Optional[MergeCall] = None  # the latest reduced model call (for tests and diagnostics)
 
     def _install(self, options: dict, call: MergeCall) -> Callable[[], None]:
@@ -117,8 +115,7 @@ class DiTMergePatch(DiTCallPatch):
             self.warn_once(f"mask:{note}", f"ToMe: {self.family.name}: {note}.")
             if note not in self.notes:
                 self.notes.append(note)
-                for listener in self.listeners:
-                    listener(list(self.notes))
+                self.verdict_changed()  # the listeners (the node) get the notes with the verdicts
         return not dropped
 
     def _references(self) -> ValueError:
@@ -330,17 +327,9 @@ def _object_patch(clone: Any, state: DiTMergePatch, kind: str, index: int) -> No
 
 
 def merge_patch_of(patcher: Any) -> Optional[DiTMergePatch]:
-    """The ``DiTMergePatch`` of the ToMe patch on ``patcher`` (its APPLY_MODEL wrapper's, or in Forge Neo its
-    model_function_wrapper's), else None."""
-    state = getattr((getattr(patcher, "model_options", None) or {}).get("model_function_wrapper"), "tome_state", None)
-    if isinstance(state, DiTMergePatch):
-        return state
-    for wrappers in (getattr(patcher, "wrappers", None) or {}).get(APPLY_MODEL, {}).values():
-        for wrapper in wrappers:
-            state = getattr(wrapper, "__self__", None)
-            if isinstance(state, DiTMergePatch):
-                return state
-    return None
+    """The ``DiTMergePatch`` of the ToMe patch on ``patcher`` (``call_patch_of`` in mode merge), else None."""
+    state = call_patch_of(patcher)
+    return state if isinstance(state, DiTMergePatch) else None
 
 
 def attach(clone: Any, state: DiTMergePatch, wrapper_key: str, apply_model: str) -> Any:

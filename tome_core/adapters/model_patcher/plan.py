@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Optional
 from ...catalogue.comfy_lookup import ComfyModel
 from ...catalogue.families import TOMESD_RATIO, short_title
 from ...catalogue.quality import trade
+from ...catalogue.unets import unet_title
 from ...engine.config import ToMeConfig
 from ...engine.kv import window_for_dims
 from .dit import check_dit_model_patcher, patch_dit_model_patcher, resolve_dit
@@ -72,13 +73,15 @@ def plan_patch(patcher: Any, config: ToMeConfig) -> PatchPlan:
     patcher, model_type, dit = resolved.patcher, resolved.model_type, resolved.dit
     if dit is None:
         checked = check_model_patcher(patcher, config)
-        description = dict(config.as_dict(), kind="unet", base_downsample=checked[0], model_type=model_type)
+        config_name = type(getattr(getattr(patcher, "model", None), "model_config", None)).__name__
+        description = dict(config.as_dict(), kind="unet", base_downsample=checked[0], model_type=model_type,
+                           name=unet_title(config_name, checked[0]))
         return PatchPlan("unet", description, lambda: patch_model_patcher(patcher, config, checked))
     chosen = check_dit_model_patcher(patcher, config, dit)  # every refusal, naming the model
     count, family = dit.block_count, dit.family
     kv_window = window_for_dims(config.ratio, family.grid_dims, config.sx, config.sy) if config.mode == "kv" else ()
     description = dict(config.as_dict(), kind="dit", base_downsample=1, model_type=model_type, family=family.name,
-                       title=family.title, kv_window=list(kv_window),
+                       title=family.title, name=short_title(family), kv_window=list(kv_window),
                        blocks=[count if chosen is None else sum(chosen), count],
                        merge_attention=family.attention_for(config) if config.mode == "merge" else None,
                        quality=trade(family.name, short_title(family)))

@@ -43,7 +43,7 @@ def check_wanvideo(patcher: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...
         cls = type(getattr(model, "_orig_mod", model))
         raise TypeError(f"ToMe (WanVideoWrapper): expected a {WRAPPER} model (its WanModel, "
                         f"wanvideo.modules.model.WanModel, at model.diffusion_model), got {cls.__module__}."
-                        f"{cls.__qualname__}; for ComfyUI's own MODEL use the ToMe (token merging) node.")
+                        f"{cls.__qualname__}; for ComfyUI's own MODEL use the ToMe node (TomeCoreToMe).")
     if config.kv_downsample != "nearest":
         raise ValueError("ToMe (WanVideoWrapper): kv_downsample 'avg' would average RoPE-rotated keys; use 'nearest'.")
     variants = {name: getattr(config, name, plain) for name, plain in MERGE_VARIANTS.items()}
@@ -74,7 +74,7 @@ def plan_wanvideo(patcher: Any, config: ToMeConfig) -> Dict[str, Any]:
         if config.mode == "kv" else []
     reduced = count if chosen is None else sum(chosen)
     return dict(config.as_dict(), kind="dit", base_downsample=1, model_type=f"{WRAPPER} WanModel",
-                family=FAMILY.name, title=FAMILY.title, kv_window=kv_window, blocks=[reduced, count],
+                family=FAMILY.name, title=FAMILY.title, name=short_title(FAMILY), kv_window=kv_window, blocks=[reduced, count],
                 text=describe_lines(config, reduced, count, kv_window))
 
 

@@ -36,7 +36,6 @@ class WanVideoPatch(CallPlanner):
         self.binding, self.blocks_on, self.block_count = binding, blocks_on, block_count
         self.current: Optional[PlannedCall] = None
         self.reach_checked = False
-        self.listeners: list = []  # called with the verdict lines when the speed check decides a call shape
 
     def __deepcopy__(self, memo: dict) -> "WanVideoPatch":
         return self
@@ -93,10 +92,6 @@ class WanVideoPatch(CallPlanner):
         if self.config.mode == "merge":
             return True
         return max(dit_window(self.config.ratio, layout.grid, self.config.sx, self.config.sy)) > 1
-
-    def verdict_changed(self) -> None:
-        for listener in self.listeners:  # the node shows the verdicts where the user looks
-            listener(self.describe_verdicts())
 
     @staticmethod
     def _again(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
