@@ -6,7 +6,6 @@ Importing this module needs ``comfy_api``: the root package imports it only wher
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Dict, List, Type
 
 from comfy_api.latest import ComfyExtension, io
@@ -38,7 +37,7 @@ def _v3_input(name: str, kind: Any, options: Dict[str, Any], optional: bool) -> 
 
 def _search_aliases(v1: Type[ToMe]) -> Dict[str, Any]:
     """``search_aliases`` where this ComfyUI's ``io.Schema`` has it (2026; 0.3.75 has not)."""
-    names = {field.name for field in dataclasses.fields(io.Schema)}
+    names = getattr(io.Schema, "__dataclass_fields__", {})  # a dataclass in every V3 ComfyUI so far
     return {"search_aliases": list(v1.SEARCH_ALIASES)} if "search_aliases" in names else {}
 
 
