@@ -214,7 +214,8 @@ def test_the_basic_node_uses_each_familys_default_mode_and_ratio(comfy, tome_pac
         info = out["ui"]["tome"][0]
         assert (info["mode"], info["ratio"]) == (family.default_mode, family.default_ratio)
         by_hand = tome_nodes.ToMe().patch(patcher, ratio=family.default_ratio, max_downsample=1)
-        assert {k: v for k, v in by_hand["ui"]["tome"][0].items()} == info
+        assert info["defaults"] == ["ratio"] and by_hand["ui"]["tome"][0]["defaults"] == []  # what the widget shows
+        assert dict(by_hand["ui"]["tome"][0], defaults=["ratio"]) == info
         assert torch.equal(sample(comfy, out["result"][0], latent, cond, steps=1),
                            sample(comfy, by_hand["result"][0], latent, cond, steps=1))
         assert tome_nodes.ToMe().patch(patcher, ratio=0.5, max_downsample=1)["ui"]["tome"][0]["ratio"] == 0.5

@@ -219,4 +219,12 @@ def test_the_node_is_told_what_the_run_found(comfy, kj, tome_package, monkeypatc
 
     on = node(sage(patcher)) if order == "sage_first" else sage(node(patcher))
     sample(comfy, on, latent, cond)
-    assert sent == [("tome.levels", {"node": "7", "lines": [NOTE]}, "client")]
+    # every message is this node's; the note is added once and kept in each message after it, beside the speed
+    # check's verdicts (on the CPU: not timed)
+    assert sent and all(event == "tome.levels" and data["node"] == "7" and sid == "client"
+                        for event, data, sid in sent)
+    with_note = [data for _, data, _ in sent if data["notes"]]
+    assert with_note and all(data["notes"] == [NOTE] and data["lines"][0] == NOTE for data in with_note)
+    assert with_note[-1] == sent[-1][1] and len(sent) - sent.index(next(m for m in sent if m[1]["notes"])) == \
+        len(with_note)  # once found, never lost
+    assert all(v["reduce"] and v["device"] == "cpu" for v in sent[-1][1]["verdicts"])
