@@ -132,7 +132,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1 if names else 0
     for name in TEMPLATES:
         path = EXAMPLES / f"{name}.jpg"
-        draw(name).save(path, "JPEG", quality=90, comment=" | ".join(words_of(name)).encode("utf-8"))
+        draw(name).save(path, "JPEG", quality=75, optimize=True, comment=" | ".join(words_of(name)).encode("utf-8"))
         print(f"{path.name}: {' | '.join(words_of(name))}")
     return 0
 
