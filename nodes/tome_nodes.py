@@ -182,7 +182,7 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     resolved = resolve(model)  # the model as the catalogue knows it, read once for the whole patch
     if "mode" not in values:  # the basic node: the family's default on a DiT (the catalogue's default_mode)
         values = dict(values, mode=default_mode(resolved))
-    defaults = {name for name in ("ratio", "block_start") if values.get(name) == MODEL_DEFAULT}
+    asked = values
     values = with_model_ratio(values, lambda mode: default_ratio(resolved, mode))  # tomesd's 0.5 on UNets
     config = _config(spec, **values)
     plan = plan_patch(resolved, config)  # validated and described before anything is registered
@@ -190,13 +190,15 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     source = merger_of(patched) if plan.kind == "unet" else call_patch_of(patched)
     if source is not None and node_id is not None:  # the speed check's verdicts and the patch's notes
         announce_levels(source, node_id)
-    return patched, {"tome": [shown(plan.description, config, defaults, default_ratio(resolved, config.mode))]}
+    return patched, {"tome": [shown(plan.description, asked, default_ratio(resolved, config.mode))]}
 
 
-def shown(description: Dict[str, Any], config: ToMeConfig, defaults: set, model_ratio: float) -> Dict[str, Any]:
-    """The plan's description with what the node's widgets show: which inputs were left at "model default" and the
-    model's default ratio in the mode used (the ratio widget's words after a run, e.g. "merge 0.2 (Flux default)")."""
-    return dict(description, defaults=sorted(defaults), default_ratio=model_ratio)
+def shown(description: Dict[str, Any], asked: Dict[str, Any], model_ratio: float) -> Dict[str, Any]:
+    """The plan's description with what the node's widgets show: which of the inputs ``asked`` (the widget values as
+    set) were left at "model default", and the model's default ratio in the mode used (the ratio widget's words after
+    a run, e.g. "merge 0.2 (Flux default)")."""
+    defaults = [name for name in ("block_start", "ratio") if asked.get(name) == MODEL_DEFAULT]
+    return dict(description, defaults=defaults, default_ratio=model_ratio)
 
 
 class ToMe:

@@ -22,7 +22,7 @@ except ImportError:  # imported with tome_core on sys.path
     from tome_core.adapters.wanvideo import patch_of, patch_wanvideo, plan_wanvideo
     from tome_core.engine.config import MODES, SPEED_CHECKS
     from tome_core.catalogue.families import BY_NAME
-from .tome_nodes import (ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, MODEL_DEFAULT, MORE, RATIO, SEARCH_ALIASES, ToMe,
+from .tome_nodes import (ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, MORE, RATIO, SEARCH_ALIASES, ToMe,
                          ToMeAdvanced, _config, shown, with_model_ratio)
 from .ui_messages import announce_levels
 
@@ -88,9 +88,8 @@ class ToMeWanVideo:
 def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: Optional[str] = None) -> tuple:
     """The patched clone and the node's UI message (the plan's description, also logged); shared by V1 and V3. The
     speed check's verdicts, decided while sampling, go to the log and to node ``node_id`` (``announce_levels``)."""
-    defaults = {name for name in ("ratio", "block_start") if values.get(name) == MODEL_DEFAULT}
     config = _config(spec, **with_model_ratio(values, WAN.ratio_for))  # Wan's default ratio in the mode chosen
-    description = shown(plan_wanvideo(model, config), config, defaults, WAN.ratio_for(config.mode))  # refusals first
+    description = shown(plan_wanvideo(model, config), values, WAN.ratio_for(config.mode))  # every refusal first
     patched = patch_wanvideo(model, config)
     for line in description["text"]:
         _LOG.info(line)

@@ -62,17 +62,17 @@ class Verdict:
     speedup: Optional[float]  # t_whole / t_reduced; None: not timed
     device: str
     timed: str = "the model call"  # what was timed: the real model call, or the level's self-attention alone
+    untimed: Optional[str] = None  # why a device that is timed did not time this call; None: timed, or not a timed device
 
     def record(self) -> dict:
         """The verdict as plain values, for a UI that words it itself (the ComfyUI node's lines)."""
-        device, _, untimed = self.device.partition(": ")
-        return {"reduce": self.reduce, "speedup": self.speedup, "device": device, "untimed": untimed or None,
+        return {"reduce": self.reduce, "speedup": self.speedup, "device": self.device, "untimed": self.untimed,
                 "timed": self.timed}
 
     def text(self, mode: str) -> str:
         verb = "merging" if mode == "merge" else "kv"
         if self.speedup is None:
-            return f"reduced (not timed on {self.device})"
+            return f"reduced (not timed on {self.device}{f': {self.untimed}' if self.untimed else ''})"
         state = "reduced" if self.reduce else "left whole"
         what = "the model call" if self.timed == "the model call" else "its self-attention alone"
         return f"{state}: {what} with {verb} measured {self.speedup:.2f}x on {self.device}"
@@ -270,7 +270,7 @@ def call_verdict(config: ToMeConfig, what: Tuple, dtype: torch.dtype, device: to
     device = torch.device(device)
     label = device_label(device)
     if not should_time(config, device) or run is None:
-        return Verdict(reduce=True, speedup=None, device=label if run is not None else f"{label}: {untimed}")
+        return Verdict(reduce=True, speedup=None, device=label, untimed=None if run is not None else untimed)
     key = _call_key(config, what, label, dtype, timer)
     found = _VERDICTS.get(key)
     if agree is not None and agree(float(found is None), "max"):
