@@ -281,7 +281,6 @@ export const extension = {
     nodeType.prototype.onDrawForeground = function (ctx) {
       onDrawForeground?.apply(this, arguments);
       if (this.flags?.collapsed) return;
-      offerModelDefault(this);  // a node built before the extension registered (e.g. restored with the page)
       ctx.save();
       ctx.font = FONT;
       const lines = drawnLines(this, ctx, this.graph ?? app.graph);
