@@ -7,7 +7,14 @@ ComfyUI 0.3.75's ``nodes.load_custom_node`` uses ``NODE_CLASS_MAPPINGS`` wheneve
 then never calls ``comfy_entrypoint``. The nodes use only the ModelPatcher object they are given, so
 this file also imports cleanly where ComfyUI is absent (pytest, diffusers users, the WebUI).
 ``nodes`` is imported relatively: ComfyUI has a top-level module of that name.
+InvokeAI loads the same folder as a node pack (``$INVOKEAI_ROOT/nodes/<this repository>``, its
+``load_custom_nodes``, which has imported its invocations first): there the InvokeAI nodes are registered
+(``tome_invokeai``, docs/INVOKEAI.md) and nothing of ComfyUI's.
 """
+import sys
+
+if "invokeai.app.invocations.baseinvocation" in sys.modules and __package__:  # InvokeAI's node loader
+    from .tome_invokeai import invocations as invokeai_nodes  # noqa: F401  (registers the ToMe denoise nodes)
 try:
     from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 except ImportError as error:  # imported as a plain module, not as a package (e.g. by a test collector)

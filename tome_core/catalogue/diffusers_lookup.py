@@ -1,5 +1,6 @@
 """Finding a diffusers model's binding in the catalogue: by its class's module and name (two classes with one name are
-never confused). The binding type (``diffusers_dits``) knows nothing of the list; this module reads it."""
+never confused). The binding type (``diffusers_dits``) knows nothing of the list; this module reads it. The classes
+patched the same way (per-module hooks, no host patch API) are here too: InvokeAI's own (``invoke_dits``)."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
@@ -10,17 +11,26 @@ from .diffusers_dits import DiffusersDiT, class_path
 from .families import host_bindings
 
 
+_OWN: Dict[str, Dict] = {}  # "by_class" / "by_name": the tables, built on first use
+
+
 def bindings() -> Tuple[DiffusersDiT, ...]:
-    return host_bindings("diffusers")[0]  # type: ignore[return-value]
+    """The diffusers bindings, then those of InvokeAI's own classes."""
+    own = tuple(denoise.own for denoise in host_bindings("invoke")[0] if denoise.own is not None)
+    return host_bindings("diffusers")[0] + own  # type: ignore[return-value]
 
 
 def binding_named(name: str) -> DiffusersDiT:
-    return host_bindings("diffusers")[1][name]  # type: ignore[return-value]
+    if "by_name" not in _OWN:
+        _OWN["by_name"] = {binding.name: binding for binding in bindings()}
+    return _OWN["by_name"][name]
 
 
 def by_class() -> Dict[str, DiffusersDiT]:
     """"module.Class" -> binding: the one dict ``family_of`` reads (tests may patch an entry of it)."""
-    return host_bindings("diffusers")[2]  # type: ignore[return-value]
+    if "by_class" not in _OWN:
+        _OWN["by_class"] = {cls: binding for binding in bindings() for cls in binding.classes}
+    return _OWN["by_class"]
 
 
 def family_of(model: object) -> Optional[DiffusersDiT]:

@@ -24,6 +24,7 @@ from .comfy_dits import DOUBLE_SINGLE as COMFY_DOUBLE_SINGLE
 from .diffusers_dits import (FLUX_BLOCKS, TRANSFORMERS, BlockList, DiffusersDiT, KeyInputs, MergeInputs, Timestep,
                              rope_image_then_text, rope_over_text_and_image, rope_over_video, rope_over_video_heads)
 from .diffusers_dits import DOUBLE_SINGLE as DIFFUSERS_DOUBLE_SINGLE
+from .invoke_dits import InvokeDenoise, WindowedDiT
 from .neo_dits import NeoDiT
 from .wanvideo import WANVIDEO_WRAPPER, WanVideoDiT
 
@@ -49,6 +50,8 @@ class ModelFamily:
     diffusers, comfy: the host classes of the family, as bindings; empty where that host has none.
     wanvideo: the classes of kijai's ComfyUI-WanVideoWrapper (its own loader, sampler and model type), as bindings.
     neo: the classes of Forge Neo (``backend.nn``; ``NeoDiT``: ComfyUI's binding over Neo's ports), as bindings.
+    invoke: InvokeAI's denoise invocations that run the family (``InvokeDenoise``; the ToMe node pack offers a variant
+        of each), with the binding of InvokeAI's own class where it has one (FLUX.1).
     default_mode: the mode used where none is asked for (the basic ComfyUI node, ``apply_patch`` without
         ``mode``): with ``default_ratio``, the frontier's rule on its deepest run (README, "Each family's default"); "merge"
         only where the family has merge bindings, and only on the classes they reach (the others get kv).
@@ -71,11 +74,13 @@ class ModelFamily:
     merge_attention: str = "plain"
     neo: Tuple[NeoDiT, ...] = ()
     default_ratio: float = TOMESD_RATIO
+    invoke: Tuple[InvokeDenoise, ...] = ()
 
     @property
     def bindings(self) -> tuple:
-        """Every host binding of the family."""
-        return self.diffusers + self.comfy + self.wanvideo + self.neo
+        """Every host binding of the family (InvokeAI's: the bindings of its own classes)."""
+        own = tuple(denoise.own for denoise in self.invoke if denoise.own is not None)
+        return self.diffusers + self.comfy + self.wanvideo + self.neo + own
 
     def mode_for(self, merges: bool) -> str:
         """The mode used where none is asked for, on a class that does (``merges``) or does not take mode merge."""
@@ -104,6 +109,16 @@ class ModelFamily:
 CATALOGUE: Tuple[ModelFamily, ...] = (
     ModelFamily(
         'flux', 'Flux (Flux.1 with Kontext and Krea, Flux.2, LongCat-Image)', grid_dims=2, native_px=(1024, 1024),
+        # InvokeAI: FLUX.1 on its own BFL-derived class (mode kv: its attention sits between the blocks' parts, no block
+        # is hooked whole), FLUX.2 (Klein) on diffusers' Flux2Transformer2DModel.
+        invoke=(InvokeDenoise("flux_denoise", "FLUX.1", merges=False, own=WindowedDiT(
+                    "invoke_flux", ("invokeai.backend.flux.model.Flux",), "first",
+                    (BlockList("double_blocks", (("img_attn.norm", "joint"),), default=False),
+                     BlockList("single_blocks", (("norm", "joint"),))),
+                    readers.flux_ids(1, image=(0, "img"), text_at=(2, "txt"), references=True),
+                    Timestep(4, "timesteps", 1.0),
+                    latents="img", closes=(("double_blocks", "img_attn.proj"), ("single_blocks", "linear2")))),
+                InvokeDenoise("flux2_denoise", "FLUX.2", merges=True)),
         # default merge 0.2 (its single blocks) by the frontier's rule (docs/results/frontier_deep_cpu.json, 4+8
         # blocks): the fastest setting at or under tomesd's error that saves work (0.189 / 0.124 noise / photo, 1.10x
         # less work); merge 0.3 passes it (0.237), kv saves under 3 % of the work at any ratio. Was kv 0.5.
@@ -162,6 +177,7 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
     # it. Earlier: at ratio 0.5 on the CPU 2.01x at cfg err peaked 0.364 against kv's 1.16x at 0.140 (2 blocks).
     ModelFamily(
         'qwen_image', 'Qwen-Image (2512, Edit 2509/2511)', grid_dims=2, native_px=(1328, 1328), default_mode="merge",
+        invoke=(InvokeDenoise("qwen_image_denoise", "Qwen Image", merges=True),),
         merge_attention="balanced", default_ratio=0.025,
         diffusers=(
             DiffusersDiT("qwen_image", (TRANSFORMERS + "transformer_qwenimage.QwenImageTransformer2DModel",), "first",
@@ -195,6 +211,7 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
     ),
     ModelFamily(
         'sd3', 'SD3 / SD3.5', grid_dims=2, native_px=(1024, 1024),
+        invoke=(InvokeDenoise("sd3_denoise", "SD3", merges=False),),
         diffusers=(
             DiffusersDiT("sd3", (TRANSFORMERS + "transformer_sd3.SD3Transformer2DModel",), "last",
                          (BlockList("transformer_blocks", (("attn", "joint"), ("attn2", "image"))),),
@@ -209,6 +226,7 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
     ),
     ModelFamily(
         'z_image', 'Z-Image / Lumina 2', grid_dims=2, native_px=(1024, 1024), default_mode="merge",
+        invoke=(InvokeDenoise("z_image_denoise", "Z-Image", merges=True),),
         # default merge 0.025 by the frontier's rule (docs/results/frontier_deep_cpu.json, 8 blocks): no setting holds
         # tomesd's error and saves work (merge 0.05: 0.240 noise; kv 0.5: 0.400), so the one closest under it.
         default_ratio=0.025,
@@ -247,6 +265,8 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
     ),
     ModelFamily(
         'wan', 'Wan 2.x (t2v, i2v, flf2v, ti2v, Fun, Phantom, VACE, Animate, HuMo, S2V, SCAIL, WanDancer)',
+        invoke=(InvokeDenoise("wan_denoise", "Wan 2.2", merges=True),
+                InvokeDenoise("wan_video_denoise", "Wan 2.2 video", merges=True)),
         # default merge 0.625 where its classes take it (all but ComfyUI's HumoWanModel; those get kv 0.5), by the
         # frontier's rule (docs/results/frontier_deep_cpu.json, 8 blocks): the fastest setting measured at or under
         # tomesd's error (0.095 / 0.101 noise / photo, 2.80x less work). Earlier: merge r=0.5 2.01x at 0.059.
@@ -441,6 +461,7 @@ CATALOGUE: Tuple[ModelFamily, ...] = (
     ),
     ModelFamily(
         'krea2', 'Krea 2', grid_dims=2,
+        invoke=(InvokeDenoise("krea2_denoise", "Krea-2", merges=False),),
         diffusers=(
             # Krea 2: single-stream [text, image] blocks after a text-fusion stack that sees the text alone (not
             # hooked).
@@ -590,7 +611,7 @@ def markdown_list() -> str:
 
 
 HOSTS = (("diffusers", "diffusers"), ("ComfyUI", "comfy"), ("ComfyUI-WanVideoWrapper", "wanvideo"),
-         ("Forge Neo", "neo"))
+         ("Forge Neo", "neo"), ("InvokeAI", "invoke"))
 
 
 def _joined(labels: list) -> str:

@@ -49,22 +49,29 @@ def raster(ids: torch.Tensor, h_col: int, w_col: int, zero_cols: Sequence[int]) 
     return h, w
 
 
-def flux_ids(ids_index: int) -> Callable[[torch.nn.Module, dict], Optional[Tokens]]:
-    """Flux.1 / Chroma (``img_ids`` at ``ids_index``): the grid from ``img_ids`` (first id 0, row, column per
-    token), text first; None unless a plain raster. One small host copy per transformer call (not per
-    block). Kontext's reference tokens (first id 1) are not told from the grid here: such a call is left
-    alone rather than mis-placed."""
+def flux_ids(ids_index: int, image: Tuple[int, str] = (0, "hidden_states"),
+             text_at: Tuple[int, str] = (1, "encoder_hidden_states"),
+             references: bool = False) -> Callable[[torch.nn.Module, dict], Optional[Tokens]]:
+    """Flux.1 / Chroma (``img_ids`` at ``ids_index``; the image tokens and the text at ``image`` and ``text_at``,
+    position and name: diffusers' by default, ``img`` and ``txt`` in BFL's code as InvokeAI runs it): the grid from
+    ``img_ids`` (first id 0, row, column per token), text first; None unless a plain raster. One small host copy per
+    transformer call (not per block). Kontext's reference tokens (first id 1, after the grid, as InvokeAI's
+    ``flux_denoise`` appends them) keep every key where ``references`` is set; otherwise such a call is left alone
+    rather than mis-placed."""
 
     def read(model: torch.nn.Module, call: dict) -> Optional[Tokens]:
-        hidden, text = arg(call, 0, "hidden_states"), arg(call, 1, "encoder_hidden_states")
+        hidden, text = arg(call, *image), arg(call, *text_at)
         ids = arg(call, ids_index, "img_ids")
         if hidden is None or text is None or ids is None:
             return None
         ids = (ids[0] if ids.ndim == 3 else ids).detach().to("cpu", torch.float64)
         if ids.shape[0] != hidden.shape[1]:
             return None
-        grid = raster(ids, 1, 2, (0,))
-        return None if grid is None else Tokens(grid, text=text.shape[1])
+        grid_len = int((ids[:, 0] == 0).sum()) if references else ids.shape[0]
+        if grid_len < ids.shape[0] and not bool((ids[grid_len:, 0] != 0).all()):
+            return None  # not a raster followed by references only
+        grid = raster(ids[:grid_len], 1, 2, (0,))
+        return None if grid is None else Tokens(grid, text=text.shape[1], after=ids.shape[0] - grid_len)
 
     return read
 

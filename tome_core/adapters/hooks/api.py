@@ -8,7 +8,8 @@ from ...engine.token_merge import ATTENTION_WORDS
 from . import dit as diffusers_dit
 from .context_parallel import refuse as refuse_split
 from .unet import STATE_ATTR, check_partners, install, refuse_compiled, uninstall
-from ...catalogue.families import TOMESD_RATIO, family_of_binding, short_title
+from ...catalogue.defaults import UNET_DEFAULTS, ModelDefaults
+from ...catalogue.families import family_of_binding, short_title
 from ...catalogue.quality import trade
 from ...catalogue.unets import attention_base_downsample, transformer_blocks
 from .targets import SUPPORTED, find_unets, patched_modules
@@ -70,15 +71,8 @@ def apply_patch(
     says what was decided.
     Applying again replaces the previous patch. Bad values raise before anything is patched.
     """
-    if mode is None or ratio is None:  # tomesd's merge and 0.5 on UNets; a DiT family's own defaults (catalogue)
-        dit = diffusers_dit.find_dit(model)
-        binding = diffusers_dit.family_of(dit) if dit is not None else None
-        family = family_of_binding(binding) if binding is not None else None
-        if mode is None:
-            merges = binding is not None and binding.merge is not None
-            mode = family.mode_for(merges) if family is not None else "merge"
-        if ratio is None:
-            ratio = family.ratio_for(mode) if family is not None else TOMESD_RATIO
+    settled = defaults_of(model).settle({"mode": mode, "ratio": ratio})  # tomesd's on UNets; a DiT family's own
+    mode, ratio = settled.values["mode"], settled.values["ratio"]
     config = ToMeConfig(
         ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, mode=mode, kv_downsample=kv_downsample,
@@ -87,6 +81,15 @@ def apply_patch(
         block_start=block_start, block_end=block_end, merge_attention=merge_attention,
     )
     return apply_config(model, config)
+
+
+def defaults_of(model: object) -> ModelDefaults:
+    """What "model default" means for ``model`` (``catalogue.defaults``): its DiT family's mode and ratio (mode kv on
+    a class that takes no merge), tomesd's merge 0.5 on UNets and on models ToMe does not know (refused later)."""
+    dit = diffusers_dit.find_dit(model)
+    binding = diffusers_dit.family_of(dit) if dit is not None else None
+    family = family_of_binding(binding) if binding is not None else None
+    return UNET_DEFAULTS if family is None else ModelDefaults(family, merges=binding.merge is not None)
 
 
 def apply_config(model: Model, config: ToMeConfig) -> Model:

@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from ...engine.blocks import chosen_blocks
 from ...engine.config import ToMeConfig, require_dit_config
 from ...catalogue.diffusers_dits import KeyInputs
+from ...catalogue.invoke_dits import WindowedDiT
 from ...catalogue.diffusers_lookup import family_of, find_dit, merging_families, supported_classes, unsupported_dit
 from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
@@ -34,7 +35,10 @@ _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "s
 def check_config(model: torch.nn.Module, config: ToMeConfig) -> None:
     """Refuse what would give users a different image than they asked for, naming the model and the fix."""
     family = family_of(model)
-    require_dit_config(config, type(model).__name__, merges=family is not None and family.merge is not None,
+    name = type(model).__name__
+    if isinstance(family, WindowedDiT):  # a host's own class: named with its module (InvokeAI's Flux, not diffusers')
+        name = f"{name} ({type(model).__module__}.{name})"
+    require_dit_config(config, name, merges=family is not None and family.merge is not None,
                        merge_families=merging_families())
 
 
@@ -222,10 +226,33 @@ def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[st
     _check_backends(model, modules)
     state = DiTState(model, config, modules)
     state.handles.append(model.register_forward_pre_hook(on_model_call, with_kwargs=True))
-    for name, module, kind in modules:  # registered while calls are reduced (``on_model_call``)
-        state.hooks.add(module, (_enter(state, name, kind), _leave(state)), "around")
+    if isinstance(family, WindowedDiT):  # the attention runs between two parts of each block (invoke_dits.py)
+        _hook_windows(model, state, family, modules)
+    else:
+        for name, module, kind in modules:  # registered while calls are reduced (``on_model_call``)
+            state.hooks.add(module, (_enter(state, name, kind), _leave(state)), "around")
     model.__dict__[STATE_ATTR] = state
     return state
+
+
+def _nothing(*_: Any) -> None:
+    return None
+
+
+def _hook_windows(model: torch.nn.Module, state: DiTState, family: WindowedDiT,
+                  modules: List[Tuple[str, torch.nn.Module, str]]) -> None:
+    """Each attention's window: the mode entered before the part that opens it runs, left before the part that
+    closes it runs (``WindowedDiT``); a model call that raised in between leaves none entered (an always-called hook
+    on the model)."""
+    for name, module, kind in modules:
+        block = model.get_submodule(".".join(name.split(".")[:2]))  # "double_blocks.3"
+        state.hooks.add(module, (_enter(state, name, kind), _nothing), "around")
+        state.hooks.add(block.get_submodule(family.close_of(name)), (_leave(state), _nothing), "around")
+
+    def leave_all(*_: Any) -> None:
+        while state.modes:
+            exit_for(state.modes)
+    state.handles.append(model.register_forward_hook(leave_all, always_call=True))
 
 
 def uninstall(model: torch.nn.Module) -> None:

@@ -1,7 +1,8 @@
 """Resolve, plan, then attach: a ComfyUI/Forge patch validated and described before anything is registered.
 
 ``resolve`` reads the patcher's model once: the catalogue's reading of a DiT (its binding, family, block lists and
-default range: ``comfy_lookup.comfy_model``), or a UNet. ``plan_patch`` routes that value to the UNet patch or the
+default range: ``comfy_lookup.comfy_model``), or a UNet, and its defaults (``catalogue.defaults``). ``plan_request``
+settles what a host asked (mode and ratio left to the model) against them, once, and plans it; ``plan_patch`` routes that value to the UNet patch or the
 DiT patch, runs every refusal, and describes what the patch will do: kind, family, levels or blocks, the key/value
 window, the speed check. The ComfyUI nodes show that description as it is; ``attach`` then returns the patched
 clone from what the plan found, never asking the patcher again.
@@ -9,10 +10,11 @@ clone from what the plan found, never asking the patcher again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from ...catalogue.comfy_lookup import ComfyModel
-from ...catalogue.families import TOMESD_RATIO, short_title
+from ...catalogue.defaults import UNET_DEFAULTS, ModelDefaults
+from ...catalogue.families import short_title
 from ...catalogue.quality import trade
 from ...catalogue.unets import unet_title
 from ...engine.config import ToMeConfig
@@ -30,6 +32,11 @@ class ResolvedModel:
     model_type: str
     dit: Optional[ComfyModel]
 
+    @property
+    def defaults(self) -> ModelDefaults:
+        """What "model default" means for this model (mode and ratio): the DiT family's, tomesd's on UNets."""
+        return UNET_DEFAULTS if self.dit is None else ModelDefaults(self.dit.family, self.dit.merges)
+
 
 def resolve(patcher: Any) -> ResolvedModel:
     """The patcher's model as the catalogue knows it (a ``ResolvedModel`` is returned as it is)."""
@@ -43,20 +50,6 @@ def is_dit(patcher: Any) -> bool:
     return resolve(patcher).dit is not None
 
 
-def default_mode(patcher: Any) -> str:
-    """The mode used where none is asked for: the DiT family's (``ModelFamily.default_mode``) where this class takes
-    it (else kv), tomesd's merge on UNets."""
-    dit = resolve(patcher).dit
-    return "merge" if dit is None else dit.family.mode_for(dit.merges)
-
-
-def default_ratio(patcher: Any, mode: str) -> float:
-    """The ratio used where none is asked for, in ``mode``: the DiT family's (``ModelFamily.ratio_for``), tomesd's
-    0.5 on UNets."""
-    dit = resolve(patcher).dit
-    return TOMESD_RATIO if dit is None else dit.family.ratio_for(mode)
-
-
 @dataclass(frozen=True)
 class PatchPlan:
     """A validated patch: ``description`` (what the node shows) and ``attach`` (the patched clone)."""
@@ -64,6 +57,18 @@ class PatchPlan:
     kind: str
     description: Dict[str, Any]
     attach: Callable[[], Any]
+
+
+def plan_request(patcher: Any, asked: Mapping[str, Any],
+                 build: Callable[..., ToMeConfig] = ToMeConfig) -> PatchPlan:
+    """Plan what a host asked: ``asked`` (config values; mode, ratio and block_start may be left to the model: None,
+    -1 or "default") settled against the model's defaults, built into a config by ``build`` (a host's own checks
+    and messages; ``ToMeConfig`` by default) and planned. The description says which settings were the model's
+    (``defaults``) and the model's ratio in the mode that runs (``default_ratio``)."""
+    resolved = resolve(patcher)
+    settled = resolved.defaults.settle(asked)
+    plan = plan_patch(resolved, build(**settled.values))
+    return PatchPlan(plan.kind, dict(plan.description, **settled.describe()), plan.attach)
 
 
 def plan_patch(patcher: Any, config: ToMeConfig) -> PatchPlan:
@@ -88,4 +93,4 @@ def plan_patch(patcher: Any, config: ToMeConfig) -> PatchPlan:
     return PatchPlan("dit", description, lambda: patch_dit_model_patcher(patcher, config, dit, (chosen,)))
 
 
-__all__ = ["PatchPlan", "ResolvedModel", "base_downsample_of", "default_mode", "default_ratio", "is_dit", "plan_patch", "resolve"]
+__all__ = ["PatchPlan", "ResolvedModel", "base_downsample_of", "is_dit", "plan_patch", "plan_request", "resolve"]

@@ -9,6 +9,6 @@ clone's settings and each model call's plan; blocks: what a block's hooks do (me
 per-token inputs cut, the update put back; kv: the self-attention's keys shortened). Duck typed: nothing here imports
 the wrapper or ComfyUI; its classes are the catalogue's (``catalogue/wanvideo.py``).
 """
-from .patch import OPTIONS_KEY, check_wanvideo, describe_patch, patch_of, plan_wanvideo, patch_wanvideo
+from .patch import OPTIONS_KEY, check_wanvideo, describe_patch, patch_of, plan_wanvideo, patch_wanvideo, settle_wanvideo
 
-__all__ = ["OPTIONS_KEY", "check_wanvideo", "describe_patch", "patch_of", "plan_wanvideo", "patch_wanvideo"]
+__all__ = ["OPTIONS_KEY", "check_wanvideo", "describe_patch", "patch_of", "plan_wanvideo", "patch_wanvideo", "settle_wanvideo"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
+from ...catalogue.defaults import ModelDefaults
 from ...catalogue.families import BY_NAME, short_title
 from ...catalogue.wanvideo import WANVIDEO_WRAPPER, WRAPPER, feature_refusals
 from ...engine.blocks import chosen_blocks
@@ -20,6 +21,7 @@ from .hooks import OPTIONS_KEY, install, patch_in
 from .state import WanVideoPatch, attention_refusals
 
 FAMILY = BY_NAME["wan"]
+DEFAULTS = ModelDefaults(FAMILY, merges=True)  # the wrapper runs Wan only, in both modes: its defaults are the catalogue's
 # The merge variants other hosts may take (ToMeConfig fields where this tome_core has them) and the one run here.
 MERGE_VARIANTS = {"merge_attention": "plain", "merge_assign": "hard", "merge_destinations": "random"}
 
@@ -64,6 +66,13 @@ def check_wanvideo(patcher: Any, config: ToMeConfig) -> Optional[Tuple[bool, ...
         raise ValueError(refused)
     blocks = getattr(model, WANVIDEO_WRAPPER.blocks)
     return chosen_blocks(config, len(blocks), 0.0, type(getattr(model, "_orig_mod", model)).__name__)
+
+
+def settle_wanvideo(asked: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """What a host asked, with mode and ratio left to the model settled to Wan's (``catalogue.defaults``): the values
+    to build the config from, and what the description adds (which settings were the model's, its default ratio)."""
+    settled = DEFAULTS.settle(asked)
+    return settled.values, settled.describe()
 
 
 def plan_wanvideo(patcher: Any, config: ToMeConfig) -> Dict[str, Any]:
