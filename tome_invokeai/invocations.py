@@ -70,14 +70,29 @@ def asked_of(node: Any) -> Dict[str, Any]:
     return asked
 
 
+def _style_reference_on(node: Any) -> bool:
+    reference = getattr(node, "style_reference", None)
+    return reference is not None and getattr(reference, "style_strength", 0) > 0
+
+
+# Options of the core nodes ToMe cannot run beside, each found from the node's own fields: (is it on, why, the way
+# out). Refused before anything runs, never left to reduce part of a step silently.
+PARTNERS = (
+    (lambda node: bool(getattr(node, "hidiffusion", False)), "HiDiffusion (this node's hidiffusion)",
+     "reshapes the UNet's first-level tokens into windows (and RAU-Net resizes that level), which ToMe's merging "
+     "does not follow (measured: the windowed blocks are not reduced as asked)", "turn hidiffusion off"),
+    (_style_reference_on, "Krea-2's style reference (this node's style_reference)",
+     "adds the reference image's keys to each attention, which ToMe does not place", "remove the style reference"),
+)
+
+
 def refuse_partners(node: Any) -> None:
-    """Refuse, before anything runs, an option of the core node ToMe cannot run beside: HiDiffusion's window
-    attention splits each first-level block's tokens into windows and its RAU-Net resizes that level, under the
-    tokens ToMe merges (measured: the windowed blocks are not reduced as asked)."""
-    if getattr(node, "hidiffusion", False) and node.tome_ratio != 0:
-        raise ValueError("ToMe: HiDiffusion (this node's hidiffusion) reshapes the UNet's first-level tokens into "
-                         "windows, which ToMe's merging does not follow: turn hidiffusion off, or set tome_ratio 0 "
-                         "(or use the core Denoise node) to keep HiDiffusion.")
+    """Refuse, before anything runs, an option of the core node ToMe cannot run beside (``PARTNERS``)."""
+    if node.tome_ratio == 0:
+        return
+    for on, what, why, fix in PARTNERS:
+        if on(node):
+            raise ValueError(f"ToMe: {what} {why}: {fix}, or set tome_ratio 0 (or use the core node) to keep it.")
 
 
 def _invoke(core: type):

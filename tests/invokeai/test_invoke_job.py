@@ -4,7 +4,7 @@
 FLUX.1 runs on InvokeAI's own BFL-derived ``Flux`` (its blocks' parts called by ``custom_block_processor``), which
 no tiny checkpoint reaches through the REST API (InvokeAI's FLUX loader builds the full-size model): here it is
 InvokeAI's class with seeded small sizes, driven with the arguments InvokeAI's ``flux/denoise.py`` passes. Also
-Qwen-Image and Wan (diffusers classes InvokeAI loads), and CogView4 (a family InvokeAI runs that ToMe does not
+Qwen-Image, Wan and Krea-2 (diffusers classes InvokeAI loads), and CogView4 (a family InvokeAI runs that ToMe does not
 reduce: refused by name). The promises: the model is patched only while the job holds it (also when the job raises),
 at the model's defaults it reduces, at ratio 0 and after the job it is bit-identical, refusals name the class.
 """
@@ -87,9 +87,23 @@ def wan(frames: int = 3, h: int = 10, w: int = 8):
     return model, inputs
 
 
-FAMILIES = {"flux": invoke_flux, "qwen_image": qwen_image, "wan": wan}
+def krea2(h: int = 8, w: int = 10, text: int = 5):
+    """Krea-2, as InvokeAI's krea2_denoise loads it (diffusers' class; position ids as diffusers' pipeline makes)."""
+    model = _seeded(diffusers.Krea2Transformer2DModel(
+        in_channels=16, num_layers=2, attention_head_dim=16, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=32, timestep_embed_dim=16, text_hidden_dim=32, num_text_layers=2, text_num_attention_heads=2,
+        text_num_key_value_heads=2, text_intermediate_size=32, num_layerwise_text_blocks=1, num_refiner_text_blocks=1,
+        axes_dims_rope=(4, 6, 6)))
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(1, h * w, 16, generator=g),
+                  encoder_hidden_states=torch.randn(1, text, 2, 32, generator=g), timestep=torch.full((1,), 0.6),
+                  position_ids=diffusers.Krea2Pipeline.prepare_position_ids(text, h, w, "cpu"))
+    return model, inputs
+
+
+FAMILIES = {"flux": invoke_flux, "qwen_image": qwen_image, "wan": wan, "krea2": krea2}
 # the mode and ratio each class runs at when both are left to the model
-DEFAULTS = {"flux": ("kv", 0.5), "qwen_image": ("merge", 0.025), "wan": ("merge", 0.625)}
+DEFAULTS = {"flux": ("kv", 0.5), "qwen_image": ("merge", 0.025), "wan": ("merge", 0.625), "krea2": ("kv", 0.5)}
 
 
 class _Models:
@@ -231,3 +245,18 @@ def test_a_family_tome_does_not_reduce_is_refused_by_name_before_a_step():
 def test_settings_no_model_takes_are_refused_before_anything_loads(asked, words):
     with pytest.raises(ValueError, match=words):
         ToMeJob(asked)
+
+
+def test_options_tome_cannot_run_beside_are_refused_by_name_unless_tome_is_off():
+    """HiDiffusion (SD) and Krea-2's style reference, read from the node's own fields before anything runs."""
+    from types import SimpleNamespace
+
+    from tome_invokeai.invocations import refuse_partners
+
+    style = SimpleNamespace(style_strength=0.8)
+    with pytest.raises(ValueError, match=r"Krea-2's style reference .*remove the style reference, or set tome_ratio 0"):
+        refuse_partners(SimpleNamespace(tome_ratio=-1.0, style_reference=style))
+    with pytest.raises(ValueError, match="HiDiffusion"):
+        refuse_partners(SimpleNamespace(tome_ratio=0.5, hidiffusion=True))
+    refuse_partners(SimpleNamespace(tome_ratio=0.0, hidiffusion=True, style_reference=style))  # ToMe off: both run
+    refuse_partners(SimpleNamespace(tome_ratio=0.5, style_reference=SimpleNamespace(style_strength=0.0)))
