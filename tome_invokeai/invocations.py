@@ -79,8 +79,9 @@ def _style_reference_on(node: Any) -> bool:
 # out). Refused before anything runs, never left to reduce part of a step silently.
 PARTNERS = (
     (lambda node: bool(getattr(node, "hidiffusion", False)), "HiDiffusion (this node's hidiffusion)",
-     "reshapes the UNet's first-level tokens into windows (and RAU-Net resizes that level), which ToMe's merging "
-     "does not follow (measured: the windowed blocks are not reduced as asked)", "turn hidiffusion off"),
+     "regroups the UNet's first-level tokens into windows between a block's input and its self-attention, where "
+     "ToMe merges them with a plan made for the whole image (measured: the windows' tokens get mixed)",
+     "turn hidiffusion off"),
     (_style_reference_on, "Krea-2's style reference (this node's style_reference)",
      "adds the reference image's keys to each attention, which ToMe does not place", "remove the style reference"),
 )

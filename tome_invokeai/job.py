@@ -54,8 +54,11 @@ class ToMeJob:
     def applied(self, model: Any) -> Iterator[Any]:
         """``model`` patched for the ``with`` body (settings left to the model settled against its family's
         defaults), unpatched after it whatever happens; a model ToMe does not reduce raises here, named."""
-        settled = defaults_of(model).settle(self.asked)
-        apply_config(model, ToMeConfig(**settled.values))
+        config = ToMeConfig(**defaults_of(model).settle(self.asked).values)
+        if not config.enabled:  # ratio 0: ToMe off, nothing patched (a patch that does nothing costs nothing)
+            yield model
+            return
+        apply_config(model, config)
         said = describe(model)
         try:
             self.say(said, progress=True)

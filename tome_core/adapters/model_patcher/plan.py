@@ -2,10 +2,10 @@
 
 ``resolve`` reads the patcher's model once: the catalogue's reading of a DiT (its binding, family, block lists and
 default range: ``comfy_lookup.comfy_model``), or a UNet, and its defaults (``catalogue.defaults``). ``plan_request``
-settles what a host asked (mode and ratio left to the model) against them, once, and plans it; ``plan_patch`` routes that value to the UNet patch or the
-DiT patch, runs every refusal, and describes what the patch will do: kind, family, levels or blocks, the key/value
-window, the speed check. The ComfyUI nodes show that description as it is; ``attach`` then returns the patched
-clone from what the plan found, never asking the patcher again.
+settles what a host asked (mode and ratio left to the model) against them, once, and plans it; ``plan_patch`` routes
+that value to the UNet patch or the DiT patch, runs every refusal, and describes what the patch will do: kind,
+family, levels or blocks, the key/value window, the speed check. The ComfyUI nodes show that description as it is;
+``attach`` then returns the patched clone from what the plan found, never asking the patcher again.
 """
 from __future__ import annotations
 
