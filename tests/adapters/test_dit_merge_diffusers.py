@@ -244,11 +244,12 @@ def test_describe_says_blocks_merged():
     assert describe(model).startswith("ToMe merge r=0.5 on FluxTransformer2DModel: 2 blocks carry merged image tokens")
 
 
-@pytest.mark.parametrize("cache", ["first_block_cache", "mag_cache", "pyramid_attention_broadcast"])
+@pytest.mark.parametrize("cache", ["pyramid_attention_broadcast", "taylorseer"])
 @pytest.mark.parametrize("order", ["cache_first", "tome_first"])
-def test_step_caches_on_merged_blocks_are_refused_naming_them(cache, order):
-    """A cache on (or in) a merged block would hand back another step's merged tokens: refused in both orders, at
-    apply_patch or at the first model call, naming the cache and mode kv (with which they compose)."""
+def test_step_caches_inside_merged_blocks_are_refused_naming_them(cache, order):
+    """A cache inside a merged block (on its attention) would hand back another step's merged tokens: refused in both
+    orders, at apply_patch or at the first model call, naming the cache and mode kv (with which they compose). Caches
+    on whole blocks compose with merge: tests/adapters/test_step_caches.py."""
     from test_dit_families import _CACHES, _sampling_loop
 
     model, inputs, _ = flux(h=6, w=6)

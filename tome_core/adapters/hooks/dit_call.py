@@ -19,6 +19,7 @@ from ...engine.config import ToMeConfig
 from ...engine.schedule import call_step
 from .call_memo import CallMemo
 from .context_parallel import refuse as refuse_split
+from .host_caches import caches_stepped_over, is_cache_hook
 from .switched import SwitchedHooks
 from .unet import not_compiled
 
@@ -92,11 +93,11 @@ def _plan(state: DiTCallState, model: torch.nn.Module, args: tuple, kwargs: dict
     if not on:
         return None
     reading = state.reading(found, step, family.batch(args, kwargs), slices)
-    # the speed check repeats the call through this hook; not where a diffusers hook on the model itself (a step
-    # cache) would count the repeats as steps (context parallelism's split and gather hooks keep no state)
+    # the speed check repeats the call through this hook, diffusers' step caches stepped over (``_again``); not where
+    # another diffusers hook on the model itself may keep state (context parallelism's split and gather keep none)
     hooks = getattr(model.__dict__.get("_diffusers_hook"), "hooks", None)
-    repeat = None if hooks and any(not name.startswith(CONTEXT_PARALLEL_HOOKS) for name in hooks) else \
-        (lambda: _again(model, args, kwargs))
+    repeat = None if hooks and any(not name.startswith(CONTEXT_PARALLEL_HOOKS) and not is_cache_hook(name)
+                                   for name in hooks) else (lambda: _again(model, args, kwargs))
     plan = state.plan(reading, repeat)
     if plan is not None:
         state.before_call(model)
@@ -104,6 +105,8 @@ def _plan(state: DiTCallState, model: torch.nn.Module, args: tuple, kwargs: dict
 
 
 def _again(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    """The model call in progress once more, as the user gets it (the speed check forces it whole or reduced)."""
-    with torch.no_grad():
+    """The model call in progress once more, as the user gets it on a step no cache serves (the speed check forces it
+    whole or reduced): diffusers' step caches are stepped over, so none takes a repeat for a step, serves it, or has
+    its state changed by it."""
+    with torch.no_grad(), caches_stepped_over(model):
         model(*args, **kwargs)

@@ -25,7 +25,7 @@ from ...catalogue.families import family_of_binding
 from ...engine.call_plan import CallReading, MergeCall
 from ...engine.token_merge import TokenMerge, biased_mask, key_bias
 from .dit_call import STATE_ATTR, DiTCallState, on_model_call
-from .host_caches import refuse_caches_inside
+from .host_caches import cache_dit_probes, probed_by, refuse_caches_inside
 from ...engine.passthrough import PYTHON_METHODS
 from .switched import enter_for, exit_for
 
@@ -51,6 +51,9 @@ class DiTMergeState(DiTCallState):
         self.backends = getattr(dispatch, "_AttentionBackendRegistry", None)
         self.active_backend = getattr(self.backends, "_active_backend", None)
         self.last_read: Tuple[Any, Optional[TokenLayout]] = (None, None)  # a call's reading and its image stream
+        # merged blocks a step cache probes (``host_caches.probed_by``): left whole, so the cache decides on the
+        # block's exact output and skips the steps it would skip alone
+        self.probes: frozenset = frozenset()
 
     def clear(self) -> None:
         self.current = None
@@ -59,6 +62,16 @@ class DiTMergeState(DiTCallState):
 
     def before_call(self, model: torch.nn.Module) -> None:
         refuse_caches(self.blocks)  # a cache added after apply_patch
+        by_cache_dit = cache_dit_probes(model)
+        probes = frozenset(name for name, block in self.blocks if name in by_cache_dit or probed_by(block) is not None)
+        if probes != self.probes:
+            self.probes = probes
+            for name, block in self.blocks:
+                if name in probes:
+                    note = (f"{name} runs whole: {by_cache_dit.get(name) or probed_by(block)} decides from its "
+                            "output whether a step is computed, which ToMe's merge would change")
+                    if note not in self.notes:
+                        self.notes.append(note)
 
     @property
     def takes_mask(self) -> Dict[str, bool]:
@@ -252,7 +265,7 @@ def _keywords(names: Tuple[str, ...], args: tuple, kwargs: dict) -> Optional[dic
 def _enter(state: DiTMergeState, name: str, joint: bool, names: Tuple[str, ...]):
     def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         call = state.current
-        if call is None:
+        if call is None or name in state.probes:
             return None
         inputs = state.family.merge
         named = _keywords(names, args, kwargs)
@@ -368,11 +381,14 @@ def _learn(state: DiTMergeState, module: torch.nn.Module, mode: _FirstWeighing) 
 
 
 def refuse_caches(blocks: List[Tuple[str, torch.nn.Module]]) -> None:
-    """A diffusers step cache on a merged block (FirstBlockCache, MagCache) or inside one (PyramidAttentionBroadcast,
-    TaylorSeer) would return merged tokens of another step's matching: refused, naming it and what works."""
-    refuse_caches_inside([(name, block, True) for name, block in blocks], "merge",
+    """A diffusers step cache inside a merged block (PyramidAttentionBroadcast, TaylorSeer and FasterCache on its
+    attention) would return merged tokens of another step's matching: refused, naming it and what works. One on the
+    block itself (FirstBlockCache, MagCache, SeaCache) composes: ToMe's merge runs under its hook
+    (``host_caches.cache_slot``), so it keeps the block's whole tokens."""
+    refuse_caches_inside([(name, block, False) for name, block in blocks], "merge",
                          fix="use mode='kv' on this transformer (its blocks then see every token, so a cached "
-                             "block or attention output stays valid)")
+                             "attention output stays valid), or a cache on whole blocks (FirstBlockCache, MagCache, "
+                             "SeaCache), which composes with mode 'merge'")
 
 
 def block_names(model: torch.nn.Module, modules: List[Tuple[str, torch.nn.Module, str]]) -> List[str]:

@@ -12,10 +12,16 @@ outside those (PyTorch runs forward hooks around whatever ``forward`` a host ins
   refused, at ``apply_patch`` or at the first model call after the cache was added, naming the
   cache, where it sits and what works instead.
 Detected by the registry diffusers keeps on each hooked module (duck typing, no diffusers import).
+
+A cache on a merged DiT block itself (FirstBlockCache, MagCache, SeaCache's block hooks, TaylorSeer's lite mode) is
+different: ToMe's merge runs in the block's own ``forward``, which ``cache_slot`` places under the cache's hook in
+diffusers' chain, so the cache sees and stores the block's whole tokens and calls ToMe's merged block only on the
+steps it computes.
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional, Tuple
+import contextlib
+from typing import Any, Dict, Iterator, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -30,6 +36,10 @@ _CACHE_HOOKS = (
     ("sea_cache", "SeaCache"),
 )
 
+# the hooks of a cache's probe block: the block whose output change between steps decides whether the step is computed
+_PROBE_HOOKS = (("fbc_leader_block", "FirstBlockCache"), ("mag_cache_leader_block", "MagCache"),
+                ("sea_cache_leader_block", "SeaCache"))
+
 Guarded = Tuple[str, torch.nn.Module, bool]  # (qualified name, module, whether the module itself counts)
 
 
@@ -43,6 +53,114 @@ def cache_on(module: torch.nn.Module) -> Optional[str]:
             if str(hook_name).startswith(prefix):
                 return technique
     return None
+
+
+def is_cache_hook(name: str) -> bool:
+    return any(str(name).startswith(prefix) for prefix, _ in _CACHE_HOOKS)
+
+
+def cache_slot(module: torch.nn.Module) -> Optional[Tuple[object, str]]:
+    """Where in diffusers' hook chain on ``module`` a wrapper of its forward goes to run under every cache hook there:
+    (the innermost cache hook's function reference, the attribute holding what it calls), or None (no cache hook).
+
+    diffusers' ``HookRegistry`` keeps one reference per hook, innermost first; a hook with its own ``new_forward``
+    calls ``original_forward``, another ``forward``. Read by duck typing, as ``cache_on``."""
+    registry = module.__dict__.get(_REGISTRY_ATTR)
+    order, refs = getattr(registry, "_hook_order", None), getattr(registry, "_fn_refs", None)
+    if not isinstance(order, list) or not isinstance(refs, list) or len(order) != len(refs):
+        return None
+    for name, ref in zip(order, refs):
+        if is_cache_hook(name):
+            return ref, "original_forward" if getattr(ref, "original_forward", None) is not None else "forward"
+    return None
+
+
+def probed_by(module: torch.nn.Module) -> Optional[str]:
+    """The technique whose probe block ``module`` is (it computes the block at every step and compares its output with
+    the last step's to decide whether the rest is computed), or None."""
+    hooks = getattr(module.__dict__.get(_REGISTRY_ATTR), "hooks", None)
+    if not isinstance(hooks, dict):
+        return None
+    for hook_name in hooks:
+        for prefix, technique in _PROBE_HOOKS:
+            if str(hook_name).startswith(prefix):
+                return technique
+    return None
+
+
+def cache_dit_probes(model: torch.nn.Module) -> Dict[str, str]:
+    """The blocks cache-dit's DBCache computes at every step to decide whether the rest is computed (its first
+    ``Fn_compute_blocks`` of each cached block list), by qualified name -> "cache-dit DBCache"; empty where cache-dit
+    does not cache ``model``. Read from what cache-dit 1.5.3 keeps on the transformer (duck typing, no import):
+    ``_is_cached``, ``_context_names`` ("<block list>_<id>") and ``_context_manager.get_context(name).cache_config``."""
+    state = model.__dict__
+    names, manager = state.get("_context_names"), state.get("_context_manager")
+    if not state.get("_is_cached") or not isinstance(names, (list, tuple)) or manager is None:
+        return {}
+    found = {}
+    for name in names:
+        blocks = str(name).rsplit("_", 1)[0]
+        try:
+            first = int(getattr(manager.get_context(name).cache_config, "Fn_compute_blocks", 0) or 0)
+        except Exception:  # another cache-dit version's layout: nothing known to leave whole
+            continue
+        found.update({f"{blocks}.{index}": "cache-dit DBCache" for index in range(first)})
+    return found
+
+
+def cached_modules(model: torch.nn.Module) -> List[str]:
+    """The techniques of every diffusers cache hook in ``model`` (on it or any submodule), once each, in order."""
+    found: List[str] = []
+    for sub in model.modules():
+        technique = cache_on(sub)
+        if technique is not None and technique not in found:
+            found.append(technique)
+    return found
+
+
+def _step_in(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Tuple[tuple, dict]:
+    return args, kwargs
+
+
+def _step_out(module: torch.nn.Module, output: Any) -> Any:
+    return output
+
+
+@contextlib.contextmanager
+def caches_stepped_over(model: torch.nn.Module) -> Iterator[List[str]]:
+    """Every diffusers cache hook in ``model`` stepped over while inside (its pre, forward and post), and cache-dit's
+    forward: a speed-check repeat then runs as a step the cache computes, and leaves each cache's state (its stored
+    residuals, its step count) as the real call will find it. Yields the techniques stepped over."""
+    saved, found = [], []
+    for sub in model.modules():
+        registry = sub.__dict__.get(_REGISTRY_ATTR)
+        order, refs = getattr(registry, "_hook_order", None), getattr(registry, "_fn_refs", None)
+        if not isinstance(order, list) or not isinstance(refs, list):
+            continue
+        for name, ref in zip(order, refs):
+            if not is_cache_hook(name):
+                continue
+            saved.append((ref, ref.pre_forward, ref.forward, ref.post_forward))
+            ref.pre_forward, ref.post_forward = _step_in, _step_out
+            if getattr(ref, "original_forward", None) is not None:
+                ref.forward = ref.original_forward
+            technique = next(t for prefix, t in _CACHE_HOOKS if str(name).startswith(prefix))
+            if technique not in found:
+                found.append(technique)
+    # cache-dit caches through the transformer's own forward (an instance ``forward``), keeping the model's in
+    # ``_original_forward``: that one runs every block, outside cache-dit's state
+    state = model.__dict__
+    own = state.get("forward") if state.get("_is_cached") and state.get("_original_forward") is not None else None
+    if own is not None:
+        model.forward = state["_original_forward"]
+        found.append("cache-dit")
+    try:
+        yield found
+    finally:
+        if own is not None:
+            model.forward = own
+        for ref, pre, forward, post in reversed(saved):
+            ref.pre_forward, ref.forward, ref.post_forward = pre, forward, post
 
 
 def refuse_caches_inside(guarded: Iterable[Guarded], mode: str, fix: Optional[str] = None) -> None:

@@ -23,6 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
+from .host_caches import cache_slot
+
 
 class Removable(Protocol):
     """A hook handle, or anything else a patch adds that ``remove()`` takes away again."""
@@ -173,13 +175,26 @@ class _Marked:
 
     def __init__(self, module: torch.nn.Module, serial: int) -> None:
         self.module, self.serial = module, serial
-        self.under: Any = _NONE  # the module's own instance forward when the mark was made
+        self.under: Any = _NONE  # what the mark calls, as it was where the mark went (_NONE: the class's forward)
         self.function: Any = None  # its class's forward when the mark was made
         self.mark: Any = None
         self.around: Optional[Tuple[Callable, Callable]] = None  # (pre, post) the mark runs about the forward
 
     def put(self) -> None:
+        """The mark as the module's ``forward``; or, where a diffusers step cache hooks the module, under that hook
+        in diffusers' chain (``host_caches.cache_slot``), so the cache sees the module's own inputs and outputs."""
         module = self.module
+        slot = cache_slot(module)
+        if slot is not None:
+            holder, attr = slot
+            current = getattr(holder, attr)
+            if current is self.mark and current is not None:
+                return
+            if self.mark is None or current is not self.under:
+                self.under, self.function = current, None
+                self.mark = _marked_forward(self.serial, current, module, self.around)
+            setattr(holder, attr, self.mark)
+            return
         own = module.__dict__.get("forward", _NONE)
         if own is self.mark and own is not None:
             return
@@ -191,13 +206,23 @@ class _Marked:
         module.forward = self.mark
 
     def take(self) -> None:
-        module = self.module
-        if self.mark is None or module.__dict__.get("forward") is not self.mark:
+        """The mark taken out wherever it still is: the module's ``forward``, or a reference in diffusers' hook chain
+        (where a cache hook registered over it, or removed from over it, left it)."""
+        module, mark = self.module, self.mark
+        if mark is None:
             return
-        if self.under is _NONE:
-            del module.forward
-        else:
-            module.forward = self.under
+        if module.__dict__.get("forward") is mark:
+            if self.under is _NONE:
+                del module.forward
+            else:
+                module.forward = self.under
+            return
+        for ref in getattr(module.__dict__.get("_diffusers_hook"), "_fn_refs", None) or ():
+            for attr in ("original_forward", "forward"):
+                if getattr(ref, attr, None) is mark:
+                    setattr(ref, attr, types.MethodType(type(module).forward, module) if self.under is _NONE
+                            else self.under)
+                    return
 
 
 def enter_for(modes: List[Any], mode: Any) -> None:
