@@ -39,6 +39,7 @@ setup_core() {
   pip_install .venv-test/bin/python torch==2.13.0 &&
     pip_install .venv-test/bin/python -c "$constraint" -r requirements-test.txt &&
     pip_install .venv-test/bin/python --no-deps comfy-cli==1.23.0 &&
+    pip_install .venv-test/bin/python --no-deps cache-dit==1.5.3 &&
     bash tests/env_stamp.sh write .venv-test requirements-test.txt
 }
 

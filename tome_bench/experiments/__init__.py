@@ -16,6 +16,8 @@ to ``docs/results/<name>.json`` there, else to the current folder):
   attention, soft merge/unmerge, medoid destinations (``tome_bench.merge_variants``), noise and photo.
 - ``frontier``: each merging family's largest ratio at tomesd's quality (tomesd r=0.5 on SD1.5 1024² in the same run),
   noise and photo, with its wall and GPU-time speed-ups; ``--device cuda --depth released`` on a GPU.
+- ``step_caches``: ToMe stacked with the step caches diffusers users run (diffusers' FirstBlockCache, SeaCache,
+  TaylorSeer lite; cache-dit's DBCache): vanilla, the cache alone, ToMe alone and both, whole sampling loops.
 - ``context_parallel``: vanilla-CP against ToMe-CP (mode kv) under diffusers' Ulysses context parallelism, in N
   processes it starts itself, with the all-to-all bytes per forward.
 """

@@ -18,6 +18,8 @@ Run (writes docs/results/<--out>.json and .md, and a chart .png where matplotlib
     python -m tome_bench.experiments.step_caches --device cuda --dtype bf16 --blocks 8 --res 1024 \
         --families flux,wan --out step_caches_gpu                                    # a GPU
     python -m tome_bench.experiments.step_caches --tiny --rounds 1 --out ''       # the path only (tests)
+    python -m tome_bench.experiments.step_caches --tables docs/results/step_caches_cpu.json  # print its tables
+    python -m tome_bench.experiments.step_caches --docs README.md docs/STEP_CACHES.md         # their summary tables
 The CPU figures are a CPU's: a GPU user's speed-up is the GPU rows'.
 """
 from __future__ import annotations
@@ -28,9 +30,11 @@ import importlib.util
 import json
 import math
 import platform
+import re
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -104,9 +108,12 @@ def _cache_dit(taylorseer: bool) -> Tuple[Callable, Callable]:
         if taylorseer:
             from cache_dit import TaylorSeerCalibratorConfig
             extra["calibrator_config"] = TaylorSeerCalibratorConfig(taylorseer_order=1)
+        # one call per step with the CFG pair batched (as diffusers' pipelines and the bench call the model): cache-dit
+        # defaults to separate CFG calls on Wan and Qwen-Image, which this turns off
         cache_dit.enable_cache(model, cache_config=DBCacheConfig(
-            Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=threshold, max_warmup_steps=2,
-            num_inference_steps=steps), **extra)
+            Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=threshold,
+            max_warmup_steps=4 if taylorseer else 2,  # TaylorSeer extrapolates only from a computed step 3 or later
+            num_inference_steps=steps, enable_separate_cfg=False), **extra)
 
     def disable(model: torch.nn.Module) -> None:
         import cache_dit
@@ -122,7 +129,7 @@ def _cache_dit(taylorseer: bool) -> Tuple[Callable, Callable]:
 # A residual threshold means nothing across seeded random weights (their residuals change more between steps than a
 # trained model's), so each threshold cache is calibrated per model: the first of these at which the cache alone
 # computes at most COMPUTED_SHARE of the steps, then the same threshold beside ToMe.
-THRESHOLDS = (0.1, 0.2, 0.35, 0.5, 0.8)
+THRESHOLDS = (0.1, 0.2, 0.35, 0.5, 0.8, 1.2)
 COMPUTED_SHARE = 0.625
 CACHES: Dict[str, StepCache] = {
     "fbc": StepCache("fbc", "FirstBlockCache (diffusers)", *_diffusers_cache(_fbc), thresholds=THRESHOLDS,
@@ -133,7 +140,7 @@ CACHES: Dict[str, StepCache] = {
                                  *_diffusers_cache(_taylorseer_lite), supports=lambda model: hasattr(model, "enable_cache")),
     "dbcache": StepCache("dbcache", "cache-dit DBCache F1B0", *_cache_dit(False), needs="cache_dit",
                          thresholds=THRESHOLDS),
-    "dbcache_taylorseer": StepCache("dbcache_taylorseer", "cache-dit DBCache F1B0 + TaylorSeer calibrator",
+    "dbcache_taylorseer": StepCache("dbcache_taylorseer", "cache-dit DBCache F1B0 + TaylorSeer (warm-up 4)",
                                     *_cache_dit(True), needs="cache_dit", thresholds=THRESHOLDS),
 }
 
@@ -377,6 +384,46 @@ def table(results: List[dict]) -> str:
     return "\n".join(lines)
 
 
+# a table in README or docs between these markers is the summary of the JSON it names (tests/test_docs.py)
+BLOCK = re.compile(r"(<!-- step caches: ([^>]*?) -->\n)(.*?)(<!-- /step caches -->)", re.S)
+
+
+def summary_table(result: dict) -> str:
+    """Per family, the fastest measured pair of a cache with ToMe, beside the cache alone and ToMe alone: speed-up
+    (band), steps computed, final-latent error. Read from a results JSON of this experiment."""
+    lines = ["| family | best pair (ToMe setting; library) | speed-up, both | the cache alone | ToMe alone |",
+             "| --- | --- | --- | --- | --- |"]
+
+    def cell(row: dict, steps: int) -> str:
+        low, high = row["band"]
+        return (f"{row['speedup']:.2f}x ({low:.2f}-{high:.2f}), {row['steps_computed']}/{steps} steps, "
+                f"err {row['error']:.3f}")
+    best: Dict[str, Tuple[dict, dict, dict, dict]] = {}
+    for found in result["results"]:
+        rows = {row["setting"]: row for row in found["rows"]}
+        for name, row in rows.items():
+            if not name.endswith("+tome") or row["speedup"] is None:
+                continue
+            known = best.get(found["family"])
+            if known is None or row["speedup"] > known[1]["speedup"]:
+                best[found["family"]] = (found, row, rows[name.split("+")[0]], rows["tome"])
+    for family, (found, row, alone, tome_alone) in best.items():
+        tome, steps = found["tome"], found["steps"]
+        threshold = "" if row.get("threshold") is None else f" {row['threshold']:g}"
+        lines.append(f"| {family} | {label_of(row['setting']).replace(' + ToMe', '')}{threshold} + ToMe "
+                     f"({tome['mode']} {tome['ratio']:g}; {found.get('library', 'diffusers')}) | {cell(row, steps)} | "
+                     f"{cell(alone, steps)} | {cell(tome_alone, steps)} |")
+    return "\n".join(lines) + "\n"
+
+
+def rewrite_docs(text: str, root: Path = Path(".")) -> str:
+    """``text`` with each marked block written again from the JSON its marker names."""
+    def block(match: "re.Match[str]") -> str:
+        result = json.loads((root / match.group(2).strip()).read_text(encoding="utf-8"))
+        return match.group(1) + summary_table(result) + match.group(4)
+    return BLOCK.sub(block, text)
+
+
 def chart(results: List[dict], path) -> Optional[object]:
     """Speed-up against final-latent error, one panel per family: where a person would rather look than read."""
     try:
@@ -433,7 +480,20 @@ def main(argv=None) -> dict:
                         help=f"narrow (CPU): the released architecture with {NARROW_HEADS} heads; full: released width")
     parser.add_argument("--tiny", action="store_true", help="the tests' tiny models (a check that it runs)")
     parser.add_argument("--out", default="step_caches_cpu", help="name in docs/results ('': write nothing)")
+    parser.add_argument("--docs", nargs="+", metavar="FILE", default=None,
+                        help="write the marked summary tables of each FILE again from the JSON each marker names")
+    parser.add_argument("--tables", default=None, metavar="JSON", help="print a results JSON's tables and stop")
     args = parser.parse_args(argv)
+    if args.tables:
+        result = json.loads(Path(args.tables).read_text(encoding="utf-8"))
+        print(table(result["results"]) + "\n\n" + summary_table(result))
+        return result
+    if args.docs:
+        for name in args.docs:
+            path = Path(name)
+            path.write_text(rewrite_docs(path.read_text(encoding="utf-8")), encoding="utf-8")
+            print(f"rewrote {path}")
+        return {}
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     device = torch.device(args.device)
     caches = args.caches.split(",")

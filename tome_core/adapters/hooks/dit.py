@@ -140,10 +140,13 @@ def _kept_key_inputs(keys: KeyInputs, layout: TokenLayout, keep: torch.Tensor, a
 
 def _enter(state: DiTState, name: str, kind: str):
     joint = kind == "joint"  # the call's whole layout; else a self-attention over the grid alone
+    block = name.rsplit(".", 1)[0]
 
     def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         call = state.current
-        if call is None:  # registered only while calls are reduced; a speed-check repeat may still clear it
+        # registered only while calls are reduced (a speed-check repeat may still clear it); a block a step cache
+        # probes keeps every key
+        if call is None or block in state.probes:
             return None
         layout, keep = (call.layout, call.keep) if joint else (call.image, call.image_keep)
         mode = _KVMode(state, layout, keep, module)
@@ -225,6 +228,8 @@ def install(model: torch.nn.Module, config: ToMeConfig, blocks: Optional[List[st
         return dit_merge.install(model, config, modules)
     _check_backends(model, modules)
     state = DiTState(model, config, modules)
+    state.changed_blocks = [(name, model.get_submodule(name))
+                            for name in dict.fromkeys(name.rsplit(".", 1)[0] for name, _, _ in modules)]
     state.handles.append(model.register_forward_pre_hook(on_model_call, with_kwargs=True))
     if isinstance(family, WindowedDiT):  # the attention runs between two parts of each block (invoke_dits.py)
         _hook_windows(model, state, family, modules)

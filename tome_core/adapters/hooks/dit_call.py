@@ -9,7 +9,7 @@ are reduced, so a call ToMe leaves whole runs as if unpatched. What differs betw
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
@@ -19,7 +19,7 @@ from ...engine.config import ToMeConfig
 from ...engine.schedule import call_step
 from .call_memo import CallMemo
 from .context_parallel import refuse as refuse_split
-from .host_caches import caches_stepped_over, is_cache_hook
+from .host_caches import cache_dit_probes, caches_stepped_over, is_cache_hook, probed_by
 from .switched import SwitchedHooks
 from .unet import not_compiled
 
@@ -41,13 +41,29 @@ class DiTCallState(CallPlanner):
         self.hooks = SwitchedHooks()  # the blocks' hooks, registered while calls are reduced (switched.py)
         self.split_noted: set = set()  # the context-parallel settings describe() has a note of (``note_split``)
         self.weight = next(model.parameters())  # its dtype and device follow .to(), which converts it in place
+        # the blocks ToMe changes (set by each mode), and those of them a step cache probes (``before_call``): left
+        # whole, so the cache decides on the block's exact output and computes the steps it computes alone
+        self.changed_blocks: List[Tuple[str, torch.nn.Module]] = []
+        self.probes: frozenset = frozenset()
 
     def clear(self) -> None:
         """Forget the call in progress (before each call, and around the speed check's repeats)."""
         self.current = None
 
     def before_call(self, model: torch.nn.Module) -> None:
-        """Checks made before a reduced call's blocks run (merge: step caches added since apply_patch)."""
+        """Before a reduced call's blocks run: the blocks a step cache probes (``probes``, read again at each reduced
+        call: a cache may come or go between calls); mode merge adds its refusal of caches inside merged blocks."""
+        by_cache_dit = cache_dit_probes(model)
+        found = {name: by_cache_dit.get(name) or probed_by(block) for name, block in self.changed_blocks}
+        probes = frozenset(name for name, technique in found.items() if technique is not None)
+        if probes == self.probes:
+            return
+        self.probes = probes
+        for name in sorted(probes):
+            note = (f"{name} runs whole: {found[name]} decides from its output whether a step is computed, which "
+                    "ToMe would change")
+            if note not in self.notes:
+                self.notes.append(note)
 
     def note_split(self, slices: Any, how: Callable[[], str]) -> None:
         """Say once per parallel setting, in describe(), how each process of a context-parallel split reduces its

@@ -25,7 +25,7 @@ from ...catalogue.families import family_of_binding
 from ...engine.call_plan import CallReading, MergeCall
 from ...engine.token_merge import TokenMerge, biased_mask, key_bias
 from .dit_call import STATE_ATTR, DiTCallState, on_model_call
-from .host_caches import cache_dit_probes, probed_by, refuse_caches_inside
+from .host_caches import refuse_caches_inside
 from ...engine.passthrough import PYTHON_METHODS
 from .switched import enter_for, exit_for
 
@@ -51,9 +51,6 @@ class DiTMergeState(DiTCallState):
         self.backends = getattr(dispatch, "_AttentionBackendRegistry", None)
         self.active_backend = getattr(self.backends, "_active_backend", None)
         self.last_read: Tuple[Any, Optional[TokenLayout]] = (None, None)  # a call's reading and its image stream
-        # merged blocks a step cache probes (``host_caches.probed_by``): left whole, so the cache decides on the
-        # block's exact output and skips the steps it would skip alone
-        self.probes: frozenset = frozenset()
 
     def clear(self) -> None:
         self.current = None
@@ -62,16 +59,7 @@ class DiTMergeState(DiTCallState):
 
     def before_call(self, model: torch.nn.Module) -> None:
         refuse_caches(self.blocks)  # a cache added after apply_patch
-        by_cache_dit = cache_dit_probes(model)
-        probes = frozenset(name for name, block in self.blocks if name in by_cache_dit or probed_by(block) is not None)
-        if probes != self.probes:
-            self.probes = probes
-            for name, block in self.blocks:
-                if name in probes:
-                    note = (f"{name} runs whole: {by_cache_dit.get(name) or probed_by(block)} decides from its "
-                            "output whether a step is computed, which ToMe's merge would change")
-                    if note not in self.notes:
-                        self.notes.append(note)
+        super().before_call(model)
 
     @property
     def takes_mask(self) -> Dict[str, bool]:
@@ -405,6 +393,7 @@ def install(model: torch.nn.Module, config: ToMeConfig,
     if config.enabled:
         refuse_caches(blocks)
     state = DiTMergeState(model, config, blocks)
+    state.changed_blocks = blocks
     state.handles.append(model.register_forward_pre_hook(on_model_call, with_kwargs=True))
     joint_lists = state.family.merge.joint
     for name, block in blocks:  # registered while calls are reduced (``on_model_call``)

@@ -98,13 +98,24 @@ def cache_dit_probes(model: torch.nn.Module) -> Dict[str, str]:
     if not state.get("_is_cached") or not isinstance(names, (list, tuple)) or manager is None:
         return {}
     found = {}
-    for name in names:
-        blocks = str(name).rsplit("_", 1)[0]
+    lists = [str(name).rsplit("_", 1)[0] for name in names]
+    for name, blocks in zip(names, lists):
         try:
             first = int(getattr(manager.get_context(name).cache_config, "Fn_compute_blocks", 0) or 0)
         except Exception:  # another cache-dit version's layout: nothing known to leave whole
             continue
-        found.update({f"{blocks}.{index}": "cache-dit DBCache" for index in range(first)})
+        # Flux in cache-dit's default layout: its double and single blocks cached as one list, named after the first
+        chain = [blocks] + (["single_transformer_blocks"] if blocks == "transformer_blocks"
+                            and "single_transformer_blocks" not in lists
+                            and isinstance(getattr(model, "single_transformer_blocks", None), torch.nn.ModuleList)
+                            else [])
+        for part in chain:
+            held = getattr(model, part, None)
+            count = len(held) if isinstance(held, torch.nn.ModuleList) else first
+            found.update({f"{part}.{index}": "cache-dit DBCache" for index in range(min(first, count))})
+            first -= count
+            if first <= 0:
+                break
     return found
 
 

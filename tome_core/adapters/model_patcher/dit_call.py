@@ -23,6 +23,7 @@ from ...engine.schedule import SigmaWindow, sigma_value, step_signal
 from .compiled import APPLY_MODEL, CompileKey, compiled_call
 from .layout import refuse_unplaceable, token_layout
 from .reach import unreached_error
+from .step_caches import repeat_options
 
 OVERRIDE = "optimized_attention_override"  # ComfyUI (0.3.6x+) calls it around every optimized_attention
 
@@ -98,11 +99,13 @@ class DiTCallPatch(CallPlanner):
         reading = self._read_call(base, x, t, c_crossattn, kwargs, options) \
             if enabled and self.forcing is not False else None
 
+        again = repeat_options(options)  # EasyCache stepped over; None: another wrapper would see it (step_caches)
+
         def repeat() -> None:  # the speed check's: this call again, through this wrapper as the user gets it
             with torch.no_grad():
-                self.apply_model_wrapper(executor, x, t, c_concat, c_crossattn, control, options, **kwargs)
+                self.apply_model_wrapper(executor, x, t, c_concat, c_crossattn, control, again, **kwargs)
 
-        plan = self.plan(reading, repeat)
+        plan = self.plan(reading, None if again is None else repeat)
         if plan is None and (self.reach_checked or not enabled):
             restore = self._sit_out(options)
             try:

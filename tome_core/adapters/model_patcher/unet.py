@@ -32,6 +32,7 @@ from ...catalogue.unets import attention_base_downsample, attention_levels
 from ...engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 from ...engine.schedule import SigmaWindow, sigma_value
 from .compiled import APPLY_MODEL, CompileKey, compiled_call
+from .step_caches import repeat_options
 
 log = logging.getLogger("tome_core")
 
@@ -415,7 +416,9 @@ def _apply_model_wrapper(state: UNetPatchState) -> Callable:
         if not isinstance(options, dict) or x.dim() != 4:
             return executor(x, t, *args, **kwargs)
         model = getattr(executor, "class_obj", None)
-        patches = state.prepare_call(model, x, t, options, lambda: apply_model_wrapper(executor, x, t, *args, **kwargs))
+        again = repeat_options(options)  # the speed check's repeats: EasyCache stepped over, or None (step_caches)
+        patches = state.prepare_call(model, x, t, options, None if again is None else (
+            lambda: apply_model_wrapper(executor, x, t, c_concat, c_crossattn, control, again, **kwargs)))
         prepared, call_kwargs = options.get(state.tables_key), kwargs
         if prepared is not _OFF and prepared is not None and compiled_call(options):  # its own graph (compiled.py)
             call_kwargs = state.compile_key.added(kwargs, model.diffusion_model, (tuple(x.shape), tuple(prepared[1])))
