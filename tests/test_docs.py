@@ -129,6 +129,23 @@ def test_every_frontier_table_is_its_jsons():
                 f"{path.relative_to(REPO)}"
 
 
+def test_every_step_cache_table_is_its_jsons():
+    """Each step-cache table (the pairs of a cache and ToMe) in README and docs equals the table written again from the
+    JSON it names, which names its device and commit."""
+    from tome_bench.experiments import step_caches
+
+    found = 0
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for match in step_caches.BLOCK.finditer(text):
+            found += 1
+            result = json.loads((REPO / match.group(3).strip()).read_text(encoding="utf-8"))
+            assert result.get("device") and result.get("commit"), match.group(3)
+        assert step_caches.rewrite_docs(text, REPO) == text, \
+            f"{path.name}: regenerate with python -m tome_bench.experiments.step_caches --docs {path.relative_to(REPO)}"
+    assert found >= 3  # README's best pairs; docs/STEP_CACHES.md's best pairs and every row
+
+
 def test_a_changed_figure_is_caught(tmp_path):
     from tome_bench import doc_tables
 

@@ -10,6 +10,7 @@ kv. Speed figures: ``python -m tome_bench.experiments.step_caches`` (docs/BENCHM
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -255,7 +256,8 @@ def test_cache_dit_probe_block_runs_whole_and_the_speed_check_steps_over_it(spee
     """cache-dit's DBCache decides from its first Fn blocks: beside merge those run whole (said in describe()), so it
     computes the steps it computes alone; the speed check's repeats run the model's own forward, outside cache-dit's
     state, so the check changes neither the steps computed nor the output."""
-    pytest.importorskip("cache_dit")
+    if os.environ.get("CI") != "true":  # CI installs cache-dit (tests/run.sh): there a missing one fails
+        pytest.importorskip("cache_dit")
     model, inputs, _ = wan()
     (alone, computed_alone), _ = _cache_dit_loop(model, inputs)
     tome = dict(ratio=0.5, mode="merge", block_start=0.0, speed_check="off")

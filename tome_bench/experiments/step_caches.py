@@ -29,6 +29,7 @@ import contextlib
 import importlib.util
 import json
 import math
+import os
 import platform
 import re
 import statistics
@@ -40,6 +41,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 import tome_core
+
+os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "warning")  # read when cache_dit is first imported: its info lines
 from tome_bench import dit_models, stats
 from tome_bench.measure import rel_l2
 from tome_bench.report import source_commit
@@ -264,17 +267,9 @@ class NoSkip(Exception):
     """A cache that skips nothing alone on this model (SeaCache on packed latents runs "fail-open")."""
 
 
-def run_family(family: str, caches: List[str], steps: int, rounds: int, blocks: int, size: Tuple[int, int, int],
-               scale: str, dtype: torch.dtype, device: torch.device, ratio: Optional[float],
-               order: str = "cache_first") -> dict:
-    width, height, frames = size
-    model = build_model(family, blocks, scale, dtype).to(device)
-    batch = dit_models.DEFAULT_BATCH.get(family, 2)
-    text = TEXT_TOKENS if scale == "narrow" else None
-    inputs = dit_models.to_device(dit_models.make_dit_inputs(model, family, batch, height, width, frames,
-                                                             dtype=dtype, text_tokens=text), device)
-    tome = tome_settings(model, ratio)
-    counter = BlockCounter(model)
+def calibrated(model: torch.nn.Module, family: str, inputs: dict, steps: int, caches: List[str],
+               counter: BlockCounter) -> Tuple[Dict[str, Optional[float]], Dict[str, str]]:
+    """Each cache's threshold on this model (``calibrate``), and why each cache that cannot run here does not."""
     skipped = {name: why for name in caches if (why := CACHES[name].refusal(model)) is not None}
     thresholds = {}
     for name in caches:
@@ -286,71 +281,96 @@ def run_family(family: str, caches: List[str], steps: int, rounds: int, blocks: 
             skipped[name] = str(why)
         except Exception as error:  # the cache alone fails on this class: said in the table, as the user would see
             skipped[name] = f"fails by itself on {type(model).__name__}: {type(error).__name__}: {error}"
-    caches = [name for name in caches if name not in skipped]
+    return thresholds, skipped
 
-    def setting(name: str) -> Tuple[Callable[[], None], Callable[[], None]]:
-        cache = CACHES.get(name.split("+")[0]) if name not in ("vanilla", "tome") else None
-        with_tome = name == "tome" or name.endswith("+tome")
 
-        def put() -> None:
-            if order == "tome_first" and with_tome:
-                tome_core.apply_patch(model, **tome)
-            if cache is not None:
-                cache.enable(model, steps, thresholds[cache.name])
-            if order != "tome_first" and with_tome:
-                tome_core.apply_patch(model, **tome)
+def setting(model: torch.nn.Module, name: str, steps: int, tome: dict, thresholds: Dict[str, Optional[float]],
+            order: str) -> Tuple[Callable[[], None], Callable[[], None]]:
+    """(put, take) of one setting: "vanilla", "tome", a cache's name, or "<cache>+tome" in ``order``."""
+    cache = CACHES.get(name.split("+")[0]) if name not in ("vanilla", "tome") else None
+    with_tome = name == "tome" or name.endswith("+tome")
 
-        def take() -> None:
-            if with_tome:
-                tome_core.remove_patch(model)
-            if cache is not None:
-                cache.disable(model)
-        return put, take
+    def put() -> None:
+        if order == "tome_first" and with_tome:
+            tome_core.apply_patch(model, **tome)
+        if cache is not None:
+            cache.enable(model, steps, thresholds[cache.name])
+        if order != "tome_first" and with_tome:
+            tome_core.apply_patch(model, **tome)
 
-    names = ["vanilla", "tome"] + [n for c in caches for n in (c, f"{c}+tome")]
+    def take() -> None:
+        if with_tome:
+            tome_core.remove_patch(model)
+        if cache is not None:
+            cache.disable(model)
+    return put, take
+
+
+def timed_loop(model: torch.nn.Module, family: str, inputs: dict, steps: int,
+               device: torch.device) -> Tuple[torch.Tensor, float]:
+    """The final latent of one loop and its wall time (synchronised on CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    latent = sampling_loop(model, family, inputs, steps)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return latent, time.perf_counter() - start
+
+
+def run_family(family: str, caches: List[str], steps: int, rounds: int, blocks: int, size: Tuple[int, int, int],
+               scale: str, dtype: torch.dtype, device: torch.device, ratio: Optional[float],
+               order: str = "cache_first") -> dict:
+    """Every setting of ``family`` with ``caches``: a warm-up round (latents, steps computed), then ``rounds`` timed
+    rounds, interleaved in rotated order; one row per setting."""
+    width, height, frames = size
+    model = build_model(family, blocks, scale, dtype).to(device)
+    batch = dit_models.DEFAULT_BATCH.get(family, 2)
+    text = TEXT_TOKENS if scale == "narrow" else None
+    inputs = dit_models.to_device(dit_models.make_dit_inputs(model, family, batch, height, width, frames,
+                                                             dtype=dtype, text_tokens=text), device)
+    tome = tome_settings(model, ratio)
+    counter = BlockCounter(model)
+    thresholds, skipped = calibrated(model, family, inputs, steps, caches, counter)
+    names = ["vanilla", "tome"] + [n for c in caches if c not in skipped for n in (c, f"{c}+tome")]
     times: Dict[str, List[float]] = {n: [] for n in names}
     latents: Dict[str, torch.Tensor] = {}
     computed: Dict[str, Tuple[int, float]] = {}
     for index in range(rounds + 1):  # round 0: warm-up, latents and counts; then timed rounds, rotated order
-        order_now = names[index % len(names):] + names[:index % len(names)] if index else names
-        for name in order_now:
-            put, take = setting(name)
+        for name in names[index % len(names):] + names[:index % len(names)] if index else names:
+            put, take = setting(model, name, steps, tome, thresholds, order)
             put()
             counter.reset()
             try:
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                start = time.perf_counter()
-                latent = sampling_loop(model, family, inputs, steps)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                elapsed = time.perf_counter() - start
+                latent, elapsed = timed_loop(model, family, inputs, steps, device)
             finally:
                 take()
             if index == 0:
-                latents[name] = latent
-                calls = counter.calls
+                latents[name], calls = latent, counter.calls
                 computed[name] = (calls[-1], sum(calls) / (len(calls) * steps))
             else:
                 times[name].append(elapsed)
     counter.remove()
     speedups = stats.summarize(times) if rounds else {}
-    rows = []
-    for name in names:
-        ratio_found = speedups.get(name)
-        rows.append(dict(
-            setting=name, cache=name.split("+")[0] if name not in ("vanilla", "tome") else None,
-            threshold=thresholds.get(name.split("+")[0]),
-            tome=name == "tome" or name.endswith("+tome"), steps_computed=computed[name][0],
-            block_share=round(computed[name][1], 3),
-            wall_s=round(statistics.median(times[name]), 4) if rounds else None,
-            speedup=None if ratio_found is None else round(ratio_found.median, 3),
-            band=None if ratio_found is None else [round(ratio_found.low, 3), round(ratio_found.high, 3)],
-            error=round(rel_l2(latents[name], latents["vanilla"]), 4),
-            finite=bool(torch.isfinite(latents[name]).all())))
+    rows = [row_of(name, thresholds, computed[name], times[name], speedups.get(name), latents) for name in names]
     return dict(family=family, model=type(model).__name__, blocks=blocks, scale=scale, size=list(size),
                 batch=batch, steps=steps, rounds=rounds, tome=tome, order=order, rows=rows,
                 not_run={CACHES[name].label: why for name, why in skipped.items()})
+
+
+def row_of(name: str, thresholds: Dict[str, Optional[float]], computed: Tuple[int, float], times: List[float],
+           found: Optional[stats.Ratio], latents: Dict[str, torch.Tensor]) -> dict:
+    """One setting's row of the results JSON."""
+    return dict(
+        setting=name, cache=name.split("+")[0] if name not in ("vanilla", "tome") else None,
+        threshold=thresholds.get(name.split("+")[0]),
+        tome=name == "tome" or name.endswith("+tome"), steps_computed=computed[0],
+        block_share=round(computed[1], 3),
+        wall_s=round(statistics.median(times), 4) if times else None,
+        speedup=None if found is None else round(found.median, 3),
+        band=None if found is None else [round(found.low, 3), round(found.high, 3)],
+        error=round(rel_l2(latents[name], latents["vanilla"]), 4),
+        finite=bool(torch.isfinite(latents[name]).all()))
 
 
 def label_of(name: str) -> str:
@@ -385,7 +405,8 @@ def table(results: List[dict]) -> str:
 
 
 # a table in README or docs between these markers is the summary of the JSON it names (tests/test_docs.py)
-BLOCK = re.compile(r"(<!-- step caches: ([^>]*?) -->\n)(.*?)(<!-- /step caches -->)", re.S)
+# (``step caches full``: every row, ``table``)
+BLOCK = re.compile(r"(<!-- step caches( full)?: ([^>]*?) -->\n)(.*?)(<!-- /step caches -->)", re.S)
 
 
 def summary_table(result: dict) -> str:
@@ -419,8 +440,9 @@ def summary_table(result: dict) -> str:
 def rewrite_docs(text: str, root: Path = Path(".")) -> str:
     """``text`` with each marked block written again from the JSON its marker names."""
     def block(match: "re.Match[str]") -> str:
-        result = json.loads((root / match.group(2).strip()).read_text(encoding="utf-8"))
-        return match.group(1) + summary_table(result) + match.group(4)
+        result = json.loads((root / match.group(3).strip()).read_text(encoding="utf-8"))
+        body = table(result["results"]) + "\n" if match.group(2) else summary_table(result)
+        return match.group(1) + body + match.group(5)
     return BLOCK.sub(block, text)
 
 
