@@ -281,3 +281,17 @@ def test_cache_dit_probe_block_runs_whole_and_the_speed_check_steps_over_it(spee
     assert len(repeats) == 1 and f"{verdict}: the model call with merging measured {speedup:.2f}x" in said
     expected = (off, computed_off) if verdict == "reduced" else (alone, computed_alone)
     assert computed_on == expected[1] and torch.equal(on, expected[0])
+
+
+@pytest.mark.parametrize("cache", ["first_block_cache", "pyramid_attention_broadcast"])
+def test_a_kv_family_hunyuan_video_with_a_block_and_an_attention_cache(cache):
+    """HunyuanVideo takes mode kv only: beside a cache on its blocks or on its attentions, both act, ratio 0 is the
+    cache alone bit for bit."""
+    from test_dit_diffusers import hunyuan_video
+    model, inputs, _ = hunyuan_video()
+    alone, computed_alone = _alone(model, inputs, cache)
+    (both, computed), reduced, _ = _with(model, inputs, cache, "tome_first", ratio=0.5, mode="kv", speed_check="off")
+    assert reduced > 0 and not torch.equal(both, alone) and torch.isfinite(both).all()
+    assert computed == computed_alone
+    (zero, _), _, _ = _with(model, inputs, cache, "cache_first", ratio=0.0, mode="kv", speed_check="off")
+    assert torch.equal(zero, alone)

@@ -498,6 +498,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--order", choices=("cache_first", "tome_first"), default="cache_first")
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: on a shared machine, OpenMP threads "
+                        "waiting on each other make a loop many times slower, and the bands say nothing)")
     parser.add_argument("--scale", choices=("narrow", "full"), default="narrow",
                         help=f"narrow (CPU): the released architecture with {NARROW_HEADS} heads; full: released width")
     parser.add_argument("--tiny", action="store_true", help="the tests' tiny models (a check that it runs)")
@@ -516,6 +518,8 @@ def main(argv=None) -> dict:
             path.write_text(rewrite_docs(path.read_text(encoding="utf-8")), encoding="utf-8")
             print(f"rewrote {path}")
         return {}
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     device = torch.device(args.device)
     caches = args.caches.split(",")

@@ -1,4 +1,4 @@
-"""Another speed-up's cache inside what ToMe changes: refused, never silently wrong.
+"""Step caches beside ToMe's hooks: composed where a cache keeps whole tokens, refused where it would not.
 
 diffusers' cache hooks (PyramidAttentionBroadcast, FasterCache, TaylorSeer, FirstBlockCache, MagCache,
 SeaCache) return a module's output from an earlier step instead of running it. ToMe's hooks stay
@@ -16,12 +16,14 @@ Detected by the registry diffusers keeps on each hooked module (duck typing, no 
 A cache on a merged DiT block itself (FirstBlockCache, MagCache, SeaCache's block hooks, TaylorSeer's lite mode) is
 different: ToMe's merge runs in the block's own ``forward``, which ``cache_slot`` places under the cache's hook in
 diffusers' chain, so the cache sees and stores the block's whole tokens and calls ToMe's merged block only on the
-steps it computes.
+steps it computes. The block a cache decides from (``probed_by``; cache-dit's first blocks, ``cache_dit_probes``) runs
+whole, so the cache computes the steps it computes alone. A speed-check repeat runs with every cache stepped over
+(``caches_stepped_over``): a step the cache computes, its state untouched.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterator, Iterable, Optional, Tuple
 
 import torch
 
@@ -119,16 +121,6 @@ def cache_dit_probes(model: torch.nn.Module) -> Dict[str, str]:
     return found
 
 
-def cached_modules(model: torch.nn.Module) -> List[str]:
-    """The techniques of every diffusers cache hook in ``model`` (on it or any submodule), once each, in order."""
-    found: List[str] = []
-    for sub in model.modules():
-        technique = cache_on(sub)
-        if technique is not None and technique not in found:
-            found.append(technique)
-    return found
-
-
 def _step_in(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Tuple[tuple, dict]:
     return args, kwargs
 
@@ -138,11 +130,11 @@ def _step_out(module: torch.nn.Module, output: Any) -> Any:
 
 
 @contextlib.contextmanager
-def caches_stepped_over(model: torch.nn.Module) -> Iterator[List[str]]:
+def caches_stepped_over(model: torch.nn.Module) -> Iterator[None]:
     """Every diffusers cache hook in ``model`` stepped over while inside (its pre, forward and post), and cache-dit's
     forward: a speed-check repeat then runs as a step the cache computes, and leaves each cache's state (its stored
-    residuals, its step count) as the real call will find it. Yields the techniques stepped over."""
-    saved, found = [], []
+    residuals, its step count) as the real call will find it."""
+    saved = []
     for sub in model.modules():
         registry = sub.__dict__.get(_REGISTRY_ATTR)
         order, refs = getattr(registry, "_hook_order", None), getattr(registry, "_fn_refs", None)
@@ -155,18 +147,14 @@ def caches_stepped_over(model: torch.nn.Module) -> Iterator[List[str]]:
             ref.pre_forward, ref.post_forward = _step_in, _step_out
             if getattr(ref, "original_forward", None) is not None:
                 ref.forward = ref.original_forward
-            technique = next(t for prefix, t in _CACHE_HOOKS if str(name).startswith(prefix))
-            if technique not in found:
-                found.append(technique)
     # cache-dit caches through the transformer's own forward (an instance ``forward``), keeping the model's in
     # ``_original_forward``: that one runs every block, outside cache-dit's state
     state = model.__dict__
     own = state.get("forward") if state.get("_is_cached") and state.get("_original_forward") is not None else None
     if own is not None:
         model.forward = state["_original_forward"]
-        found.append("cache-dit")
     try:
-        yield found
+        yield
     finally:
         if own is not None:
             model.forward = own
