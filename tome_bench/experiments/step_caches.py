@@ -208,6 +208,8 @@ def build_model(family: str, blocks: int, scale: str, dtype: torch.dtype) -> tor
         if key in cfg:
             narrowed[key] = NARROW_HEADS if how == "heads" else (
                 round(cfg[key] * share / 16) * 16 if how == "scaled" else cfg[key] * NARROW_HEADS // heads)
+    if "n_refiner_layers" in cfg:  # Z-Image: its noise and caption refiners, as released (cache-dit expects them)
+        narrowed["n_refiner_layers"] = max(1, cfg["n_refiner_layers"])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = getattr(diffusers, cls_name)(**narrowed)
@@ -491,7 +493,8 @@ def main(argv=None) -> dict:
                         "installed)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up round")
-    parser.add_argument("--blocks", type=int, default=2, help="blocks of each kind, as the bench's --blocks")
+    parser.add_argument("--blocks", type=int, default=4, help="blocks of each kind, as the bench's --blocks (a cache's "
+                        "probe block runs whole beside ToMe: its share of the work is 1/blocks here, 1/30-1/60 released)")
     parser.add_argument("--res", default=None, help="WxH for every family (default: CPU_SIZES)")
     parser.add_argument("--frames", type=int, default=None, help="video frames (Wan 4k+1, LTX-2 8k+1)")
     parser.add_argument("--ratio", type=float, default=None, help="ToMe's ratio (default: the family's)")
