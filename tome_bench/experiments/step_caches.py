@@ -18,7 +18,7 @@ Run (writes docs/results/<--out>.json and .md, and a chart .png where matplotlib
     python -m tome_bench.experiments.step_caches --device cuda --dtype bf16 --blocks 8 --res 1024 \
         --families flux,wan --out step_caches_gpu                                    # a GPU
     python -m tome_bench.experiments.step_caches --tiny --rounds 1 --out ''       # the path only (tests)
-    python -m tome_bench.experiments.step_caches --tables docs/results/step_caches_cpu.json  # print its tables
+    python -m tome_bench.experiments.step_caches --tables docs/results/step_caches_cpu.json  # its tables, its chart
     python -m tome_bench.experiments.step_caches --docs README.md docs/STEP_CACHES.md         # their summary tables
 The CPU figures are a CPU's: a GPU user's speed-up is the GPU rows'.
 """
@@ -459,9 +459,13 @@ def chart(results: List[dict], path) -> Optional[object]:
     timed = [r for r in results if any(row["speedup"] is not None for row in r["rows"])]
     if not timed:
         return None
-    fig, axes = plt.subplots(1, len(timed), figsize=(4.2 * len(timed), 3.8), squeeze=False)
+    columns = min(len(timed), 5)
+    rows = math.ceil(len(timed) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.8 * rows), squeeze=False)
     styles = {"vanilla": ("k", "o"), "tome": ("tab:blue", "s")}
-    for ax, found in zip(axes[0], timed):
+    for ax in axes.flat[len(timed):]:
+        ax.set_visible(False)
+    for ax, found in zip(axes.flat, timed):
         for row in found["rows"]:
             name = row["setting"]
             color, marker = styles.get(name, ("tab:orange" if not row["tome"] else "tab:green",
@@ -509,11 +513,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="step_caches_cpu", help="name in docs/results ('': write nothing)")
     parser.add_argument("--docs", nargs="+", metavar="FILE", default=None,
                         help="write the marked summary tables of each FILE again from the JSON each marker names")
-    parser.add_argument("--tables", default=None, metavar="JSON", help="print a results JSON's tables and stop")
+    parser.add_argument("--tables", default=None, metavar="JSON", help="print a results JSON's tables, draw its chart "
+                        "again beside it (.png) and stop")
     args = parser.parse_args(argv)
     if args.tables:
         result = json.loads(Path(args.tables).read_text(encoding="utf-8"))
         print(table(result["results"]) + "\n\n" + summary_table(result))
+        chart(result["results"], Path(args.tables).with_suffix(".png"))
         return result
     if args.docs:
         for name in args.docs:
