@@ -70,7 +70,7 @@ def test_the_node_archive_holds_the_product_only(archive):
     assert not stray, stray[:10]
     assert all(name.startswith(("nodes/", "web/", "tome_core/", "example_workflows/", "docs/")) or "/" not in name
                for name in names), names
-    assert archive.stat().st_size < 475_000, archive.stat().st_size  # the product: 0.45 MB; the whole repository: 2 MB
+    assert archive.stat().st_size < 500_000, archive.stat().st_size  # the product: 0.48 MB; the whole repository: 2 MB
 
 
 def test_the_archive_loads_as_a_comfyui_custom_node(archive, tmp_path):

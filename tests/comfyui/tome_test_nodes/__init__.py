@@ -85,3 +85,7 @@ NODE_CLASS_MAPPINGS.update(_FAULT_NODES)
 from .speed_nodes import NODE_CLASS_MAPPINGS as _SPEED_NODES  # noqa: E402
 
 NODE_CLASS_MAPPINGS.update(_SPEED_NODES)
+
+from .dit_nodes import NODE_CLASS_MAPPINGS as _DIT_NODES  # noqa: E402
+
+NODE_CLASS_MAPPINGS.update(_DIT_NODES)

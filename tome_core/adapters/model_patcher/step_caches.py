@@ -4,9 +4,10 @@ The speed check times a model call by running it again through ToMe's APPLY_MODE
 A DIFFUSION_MODEL wrapper runs inside that call, so it would see each repeat: ComfyUI's EasyCache keeps its per-step
 state there, takes a repeat for a step, serves the real call from it and counts every repeat as a skipped step. So a
 repeat runs with EasyCache's DIFFUSION_MODEL wrapper stepped over: a step the cache computes, its state as the real
-call finds it. Another node's DIFFUSION_MODEL wrapper, whose state ToMe cannot know, leaves the call untimed (reduced,
-and the verdict says the call could not be repeated). LazyCache (PREDICT_NOISE) and EasyCache's other wrappers
-(OUTER_SAMPLE, CALC_COND_BATCH) sit outside APPLY_MODEL and never see a repeat.
+call finds it. Another node's DIFFUSION_MODEL wrapper, whose state ToMe cannot know, leaves the call unrepeated: a
+transformer's call is not timed (reduced, and the verdict says the call could not be repeated), a UNet's levels are
+timed by their self-attention alone (the stand-in of hosts that cannot repeat the call). LazyCache (PREDICT_NOISE) and
+EasyCache's other wrappers (OUTER_SAMPLE, CALC_COND_BATCH) sit outside APPLY_MODEL and never see a repeat.
 """
 from __future__ import annotations
 
