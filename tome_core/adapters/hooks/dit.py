@@ -26,7 +26,7 @@ from ...engine.grid import TokenLayout
 from ...engine.kv import dit_window
 from ...engine.call_plan import CallPlanner, CallReading
 from . import dit_merge
-from .dit_call import STATE_ATTR, DiTCallState, on_model_call
+from .dit_call import PROBE, STATE_ATTR, DiTCallState, on_model_call
 from ...engine.passthrough import PYTHON_METHODS
 from .switched import enter_for, exit_for
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -140,13 +140,12 @@ def _kept_key_inputs(keys: KeyInputs, layout: TokenLayout, keep: torch.Tensor, a
 
 def _enter(state: DiTState, name: str, kind: str):
     joint = kind == "joint"  # the call's whole layout; else a self-attention over the grid alone
-    block = name.rsplit(".", 1)[0]
 
     def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         call = state.current
         # registered only while calls are reduced (a speed-check repeat may still clear it); a block a step cache
-        # probes keeps every key
-        if call is None or block in state.probes:
+        # probes keeps every key (``PROBE``)
+        if call is None or PROBE in module.__dict__:
             return None
         layout, keep = (call.layout, call.keep) if joint else (call.image, call.image_keep)
         mode = _KVMode(state, layout, keep, module)
@@ -268,6 +267,8 @@ def uninstall(model: torch.nn.Module) -> None:
             handle.remove()
         if isinstance(state, dit_merge.DiTMergeState):
             state.forget_masks()
+        state.probes = frozenset()
+        state.mark_probes()
 
 
 __all__ = ["STATE_ATTR", "check_config", "find_dit", "install", "supported_classes", "uninstall",

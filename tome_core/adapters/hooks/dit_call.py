@@ -24,6 +24,7 @@ from .switched import SwitchedHooks
 from .unet import not_compiled
 
 CONTEXT_PARALLEL_HOOKS = ("cp_input---", "cp_output---")  # diffusers.hooks.context_parallel's hook names
+PROBE = "_tome_probe"  # on each module of a block a step cache decides from (``DiTCallState.mark_probes``)
 STATE_ATTR = "_tome_dit"  # one attribute for both DiT modes: remove_patch and is_patched treat them alike
 
 
@@ -59,11 +60,23 @@ class DiTCallState(CallPlanner):
         if probes == self.probes:
             return
         self.probes = probes
+        self.mark_probes()
         for name in sorted(probes):
             note = (f"{name} runs whole: {found[name]} decides from its output whether a step is computed, which "
                     "ToMe would change")
             if note not in self.notes:
                 self.notes.append(note)
+
+    def mark_probes(self) -> None:
+        """Mark each module of a probe block (``PROBE``, cleared elsewhere): the hooks read the mark on the module they
+        run on, the same code for every block (a block's name read in a hook would be a guard of dynamo's, one graph
+        per block instance under regional compilation)."""
+        for name, block in self.changed_blocks:
+            for module in block.modules():
+                if name in self.probes:
+                    module.__dict__[PROBE] = True
+                else:
+                    module.__dict__.pop(PROBE, None)
 
     def note_split(self, slices: Any, how: Callable[[], str]) -> None:
         """Say once per parallel setting, in describe(), how each process of a context-parallel split reduces its

@@ -24,7 +24,7 @@ from ...engine.grid import TokenLayout
 from ...catalogue.families import family_of_binding
 from ...engine.call_plan import CallReading, MergeCall
 from ...engine.token_merge import TokenMerge, biased_mask, key_bias
-from .dit_call import STATE_ATTR, DiTCallState, on_model_call
+from .dit_call import PROBE, STATE_ATTR, DiTCallState, on_model_call
 from .host_caches import refuse_caches_inside
 from ...engine.passthrough import PYTHON_METHODS
 from .switched import enter_for, exit_for
@@ -253,7 +253,7 @@ def _keywords(names: Tuple[str, ...], args: tuple, kwargs: dict) -> Optional[dic
 def _enter(state: DiTMergeState, name: str, joint: bool, names: Tuple[str, ...]):
     def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         call = state.current
-        if call is None or name in state.probes:
+        if call is None or PROBE in module.__dict__:  # a block a step cache probes runs whole
             return None
         inputs = state.family.merge
         named = _keywords(names, args, kwargs)
