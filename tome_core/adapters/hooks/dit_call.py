@@ -74,7 +74,7 @@ class DiTCallState(CallPlanner):
         for name, block in self.changed_blocks:
             for module in block.modules():
                 if name in self.probes:
-                    module.__dict__[PROBE] = True
+                    module.__dict__.setdefault(PROBE, True)
                 else:
                     module.__dict__.pop(PROBE, None)
 
