@@ -23,7 +23,7 @@ from ...engine.schedule import SigmaWindow, sigma_value, step_signal
 from .compiled import APPLY_MODEL, CompileKey, compiled_call
 from .layout import refuse_unplaceable, token_layout
 from .reach import unreached_error
-from .step_caches import repeat_options
+from .step_caches import DIFFUSION_MODEL, repeat_options
 
 OVERRIDE = "optimized_attention_override"  # ComfyUI (0.3.6x+) calls it around every optimized_attention
 
@@ -99,7 +99,10 @@ class DiTCallPatch(CallPlanner):
         reading = self._read_call(base, x, t, c_crossattn, kwargs, options) \
             if enabled and self.forcing is not False else None
 
-        again = repeat_options(options)  # EasyCache stepped over; None: another wrapper would see it (step_caches)
+        # the speed check's repeats: EasyCache stepped over, or None: another wrapper would see them (step_caches);
+        # inline where no node wraps the diffusion model
+        wrappers = options.get("wrappers")
+        again = repeat_options(options) if wrappers and wrappers.get(DIFFUSION_MODEL) else options
 
         def repeat() -> None:  # the speed check's: this call again, through this wrapper as the user gets it
             with torch.no_grad():

@@ -32,7 +32,7 @@ from ...catalogue.unets import attention_base_downsample, attention_levels
 from ...engine.plan import IDENTITY_PLAN, TokenMerger, TokenPlan
 from ...engine.schedule import SigmaWindow, sigma_value
 from .compiled import APPLY_MODEL, CompileKey, compiled_call
-from .step_caches import repeat_options
+from .step_caches import DIFFUSION_MODEL, repeat_options
 
 log = logging.getLogger("tome_core")
 
@@ -416,7 +416,10 @@ def _apply_model_wrapper(state: UNetPatchState) -> Callable:
         if not isinstance(options, dict) or x.dim() != 4:
             return executor(x, t, *args, **kwargs)
         model = getattr(executor, "class_obj", None)
-        again = repeat_options(options)  # the speed check's repeats: EasyCache stepped over, or None (step_caches)
+        # the speed check's repeats: EasyCache stepped over, or None (step_caches); inline where no node wraps the
+        # diffusion model (the steady call makes no Python call it does not need)
+        wrappers = options.get("wrappers")
+        again = repeat_options(options) if wrappers and wrappers.get(DIFFUSION_MODEL) else options
         patches = state.prepare_call(model, x, t, options, None if again is None else (
             lambda: apply_model_wrapper(executor, x, t, c_concat, c_crossattn, control, again, **kwargs)))
         prepared, call_kwargs = options.get(state.tables_key), kwargs
