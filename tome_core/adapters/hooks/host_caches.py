@@ -45,16 +45,21 @@ _PROBE_HOOKS = (("fbc_leader_block", "FirstBlockCache"), ("mag_cache_leader_bloc
 Guarded = Tuple[str, torch.nn.Module, bool]  # (qualified name, module, whether the module itself counts)
 
 
-def cache_on(module: torch.nn.Module) -> Optional[str]:
-    """The name of the diffusers cache technique hooked on ``module`` itself, or None."""
+def _hooked(module: torch.nn.Module, table: Tuple[Tuple[str, str], ...]) -> Optional[str]:
+    """The technique of ``table`` (hook name prefix, technique) whose hook diffusers keeps on ``module``, or None."""
     hooks = getattr(module.__dict__.get(_REGISTRY_ATTR), "hooks", None)
     if not isinstance(hooks, dict):
         return None
     for hook_name in hooks:
-        for prefix, technique in _CACHE_HOOKS:
+        for prefix, technique in table:
             if str(hook_name).startswith(prefix):
                 return technique
     return None
+
+
+def cache_on(module: torch.nn.Module) -> Optional[str]:
+    """The name of the diffusers cache technique hooked on ``module`` itself, or None."""
+    return _hooked(module, _CACHE_HOOKS)
 
 
 def is_cache_hook(name: str) -> bool:
@@ -80,14 +85,7 @@ def cache_slot(module: torch.nn.Module) -> Optional[Tuple[object, str]]:
 def probed_by(module: torch.nn.Module) -> Optional[str]:
     """The technique whose probe block ``module`` is (it computes the block at every step and compares its output with
     the last step's to decide whether the rest is computed), or None."""
-    hooks = getattr(module.__dict__.get(_REGISTRY_ATTR), "hooks", None)
-    if not isinstance(hooks, dict):
-        return None
-    for hook_name in hooks:
-        for prefix, technique in _PROBE_HOOKS:
-            if str(hook_name).startswith(prefix):
-                return technique
-    return None
+    return _hooked(module, _PROBE_HOOKS)
 
 
 def cache_dit_probes(model: torch.nn.Module) -> Dict[str, str]:
