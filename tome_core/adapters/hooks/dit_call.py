@@ -55,8 +55,14 @@ class DiTCallState(CallPlanner):
         """Before a reduced call's blocks run: the blocks a step cache probes (``probes``, read again at each reduced
         call: a cache may come or go between calls); mode merge adds its refusal of caches inside merged blocks."""
         by_cache_dit = cache_dit_probes(model)
-        found = {name: by_cache_dit.get(name) or probed_by(block) for name, block in self.changed_blocks}
-        probes = frozenset(name for name, technique in found.items() if technique is not None)
+        found = {}
+        for name, block in self.changed_blocks:  # a loop, and probed_by only on a block diffusers hooks: no Python
+            technique = by_cache_dit.get(name)   # call per block in a call without a cache
+            if technique is None and "_diffusers_hook" in block.__dict__:
+                technique = probed_by(block)
+            if technique is not None:
+                found[name] = technique
+        probes = frozenset(found)
         if probes == self.probes:
             return
         self.probes = probes
